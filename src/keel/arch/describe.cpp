@@ -1,0 +1,162 @@
+#include "keel/arch/describe.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "keel/arch/families.hpp"
+
+namespace keel::arch {
+
+using nlohmann::json;
+
+namespace {
+
+json memory_json(const MemoryPlan& m, bool mixed) {
+  json j = {{"weights", m.weights},
+            {"gradients", m.gradients},
+            {"adamw_state", m.adamw_state},
+            {"muon_state", m.muon_state},
+            {"total_adamw", m.total_adamw()},
+            {"total_muon", m.total_muon()}};
+  if (mixed) j["master_weights"] = m.master_weights;
+  return j;
+}
+
+json components_json(const std::map<Component, int64_t>& counts, bool include_mtp) {
+  json j = json::object();
+  for (Component c : kAllComponents) {
+    if (c == Component::Mtp && !include_mtp) continue;
+    auto it = counts.find(c);
+    j[std::string(to_string(c))] = it == counts.end() ? 0 : it->second;
+  }
+  return j;
+}
+
+}  // namespace
+
+int64_t default_flops_seq(const ModelSpec& spec) {
+  return std::min<int64_t>(4096, spec.max_position_embeddings);
+}
+
+json describe(const ModelSpec& spec, const Accounting& acc) {
+  const auto& a = spec.attention;
+  const auto& row = family_row(spec.family);
+  json attention = {{"kind", to_string(a.kind)},
+                    {"num_heads", a.num_heads},
+                    {"num_kv_heads", a.num_kv_heads},
+                    {"head_dim", a.head_dim},
+                    {"qk_norm", a.qk_norm},
+                    {"qkv_bias", a.qkv_bias},
+                    {"o_bias", a.o_bias},
+                    {"softcap", a.softcap > 0 ? json(a.softcap) : json(nullptr)},
+                    {"softmax_scale", 1.0 / std::sqrt(static_cast<double>(a.qk_head_dim()))}};
+  if (a.learned_positions) {
+    attention["positions"] = "learned";
+    attention["rope"] = nullptr;
+  } else {
+    attention["positions"] = "rope";
+    attention["rope"] = {{"theta", a.rope.theta},
+                         {"partial_rotary_factor", a.rope.partial_rotary_factor},
+                         {"rotary_dim", a.rope.rotary_dim},
+                         {"interleave", a.rope.interleave},
+                         {"scaling", a.rope.scaling}};
+  }
+  if (a.kind == AttentionKind::Mla) {
+    attention["mla"] = {{"q_lora_rank", a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr)},
+                        {"kv_lora_rank", a.kv_lora_rank},
+                        {"qk_nope_head_dim", a.qk_nope_head_dim},
+                        {"qk_rope_head_dim", a.qk_rope_head_dim},
+                        {"v_head_dim", a.v_head_dim},
+                        {"qk_head_dim", a.qk_head_dim()}};
+  } else {
+    attention["mla"] = nullptr;
+  }
+
+  const auto& mlp = spec.mlp;
+  const int64_t ffn_width = spec.moe.enabled && spec.family == Family::Mixtral ? spec.moe.expert_intermediate_size
+                                                                             : mlp.intermediate_size;
+  json ffn = {{"kind", ffn_display_name(mlp.kind, mlp.activation)},
+              {"gated", mlp.kind == FfnKind::Gated},
+              {"hidden_act", mlp.hidden_act},
+              {"matrices", mlp.kind == FfnKind::Gated ? 3 : 2},
+              {"bias", mlp.bias},
+              {"intermediate_size", ffn_width},
+              {"ratio", static_cast<double>(ffn_width) / static_cast<double>(spec.hidden_size)}};
+
+  json moe = nullptr;
+  if (spec.moe.enabled) {
+    const auto& m = spec.moe;
+    int64_t moe_layers = std::count(m.moe_layer.begin(), m.moe_layer.end(), true);
+    moe = {{"num_experts", m.num_experts},
+           {"experts_per_token", m.experts_per_token},
+           {"num_shared_experts", m.num_shared_experts},
+           {"expert_intermediate_size", m.expert_intermediate_size},
+           {"expert_ratio", static_cast<double>(m.expert_intermediate_size) / static_cast<double>(spec.hidden_size)},
+           {"shared_intermediate_size", m.shared_intermediate_size},
+           {"moe_layers", moe_layers},
+           {"dense_layers", spec.num_layers - moe_layers},
+           {"first_k_dense", m.first_k_dense},
+           {"router", to_string(m.router)},
+           {"norm_topk_prob", m.norm_topk_prob},
+           {"routed_scaling_factor", m.routed_scaling_factor},
+           {"n_group", m.n_group},
+           {"topk_group", m.topk_group},
+           {"score_correction_bias", m.score_correction_bias}};
+  }
+
+  json arch = {{"hidden_size", spec.hidden_size},
+               {"num_hidden_layers", spec.num_layers},
+               {"vocab_size", spec.vocab_size},
+               {"context_length", spec.max_position_embeddings},
+               {"norm", {{"type", to_string(spec.norm)},
+                         {"eps", spec.norm_eps},
+                         {"placement", to_string(spec.placement)},
+                         {"final_norm", spec.has_final_norm()}}},
+               {"ffn", ffn},
+               {"attention", attention},
+               {"moe", moe},
+               {"tie_word_embeddings", spec.tie_word_embeddings},
+               {"mtp_layers", spec.mtp_layers},
+               {"initializer_range", spec.initializer_range},
+               {"z_loss", spec.z_loss},
+               {"final_softcap", spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr)}};
+
+  const auto& p = acc.params;
+  json params = {{"total", p.total},
+                 {"active", p.active},
+                 {"non_embedding", p.non_embedding},
+                 {"mtp", p.mtp},
+                 {"muon", p.muon},
+                 {"adamw", p.adamw},
+                 {"matmul_active", p.matmul_active},
+                 {"tensors", p.tensors},
+                 {"by_component", components_json(p.by_component, true)},
+                 {"active_by_component", components_json(p.active_by_component, false)}};
+
+  json memory = {{"fp32", memory_json(acc.fp32, false)},
+                 {"bf16_mixed", memory_json(acc.bf16_mixed, true)},
+                 {"kv_cache_bytes_per_token_bf16", acc.kv_cache_bytes_per_token_bf16},
+                 {"notes", "bytes; gradients fp32 in both modes; Muon keeps one fp32 momentum per Muon "
+                           "matrix element and AdamW's two moments for everything else; MTP excluded"}};
+
+  const auto& f = acc.flops;
+  json flops = {{"seq", f.seq},
+                {"per_token_training", f.training()},
+                {"per_token_training_causal", f.training_causal()},
+                {"matmul", f.matmul},
+                {"attention", f.attention},
+                {"attention_causal", f.attention_causal},
+                {"formula", "6 * matmul_active + 6 * layers * seq * heads * (qk_head_dim + v_head_dim); "
+                            "causal variant uses (seq + 1) / 2 keys per query"}};
+
+  return {{"file", spec.source},
+          {"model_type", spec.model_type},
+          {"family", to_string(spec.family)},
+          {"hf_architecture", row.hf_architecture},
+          {"architecture", arch},
+          {"params", params},
+          {"memory", memory},
+          {"flops", flops}};
+}
+
+}  // namespace keel::arch

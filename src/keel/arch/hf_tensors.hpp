@@ -1,0 +1,50 @@
+#pragma once
+// Every tensor of a model as its HF checkpoint stores it: name, shape, role. Parameter counts,
+// memory, optimizer routing (Muon vs AdamW) and safetensors I/O all read this one list.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/arch/model_spec.hpp"
+
+namespace keel::arch {
+
+enum class Component {
+  Embedding,          // input token embedding
+  PositionEmbedding,  // GPT-2's learned positions
+  Attention,          // projections, their biases, q_norm/k_norm, MLA latent norms
+  Mlp,                // dense FFN
+  RoutedExperts,
+  SharedExperts,
+  Router,             // gate weight and e_score_correction_bias
+  LayerNorms,         // the per-layer norms around attention and FFN
+  FinalNorm,
+  LmHead,
+  Mtp,                // multi-token-prediction modules (all of their tensors)
+};
+std::string_view to_string(Component c);
+inline constexpr Component kAllComponents[] = {
+    Component::Embedding, Component::PositionEmbedding, Component::Attention, Component::Mlp,
+    Component::RoutedExperts, Component::SharedExperts, Component::Router, Component::LayerNorms,
+    Component::FinalNorm, Component::LmHead, Component::Mtp};
+
+enum class OptimizerGroup { Muon, AdamW };
+
+struct TensorEntry {
+  std::string name;              // HF name; routed experts use "{E}" for the expert index
+  std::vector<int64_t> shape;
+  Component component;
+  int64_t layer = -1;            // decoder layer, -1 outside the stack
+  int64_t copies = 1;            // experts sharing this template, 1 otherwise
+  bool matmul = false;           // a weight multiplied with activations (a FLOP-bearing matrix)
+  OptimizerGroup optimizer = OptimizerGroup::AdamW;  // default routing (issue: Muon on hidden matrices)
+
+  int64_t numel() const;         // elements of one copy
+  std::string name_for_expert(int64_t expert) const;
+};
+
+// All tensors in checkpoint order; MTP modules (layers num_layers..) only if include_mtp.
+std::vector<TensorEntry> hf_tensor_layout(const ModelSpec& spec, bool include_mtp = true);
+
+}  // namespace keel::arch

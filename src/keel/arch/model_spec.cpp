@@ -1,0 +1,373 @@
+#include "keel/arch/model_spec.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "keel/arch/config_reader.hpp"
+#include "keel/arch/families.hpp"
+#include "keel/core/error.hpp"
+
+namespace keel::arch {
+
+std::string_view to_string(Family f) {
+  switch (f) {
+    case Family::Gpt2: return "gpt2";
+    case Family::Llama: return "llama";
+    case Family::Mistral: return "mistral";
+    case Family::Qwen2: return "qwen2";
+    case Family::Qwen3: return "qwen3";
+    case Family::Qwen3Moe: return "qwen3_moe";
+    case Family::Mixtral: return "mixtral";
+    case Family::DeepseekV3: return "deepseek_v3";
+    case Family::KimiK2: return "kimi_k2";
+    case Family::Glm4Moe: return "glm4_moe";
+  }
+  return "?";
+}
+std::string_view to_string(NormKind k) {
+  switch (k) {
+    case NormKind::RmsNorm: return "RMSNorm";
+    case NormKind::LayerNorm: return "LayerNorm";
+  }
+  return "?";
+}
+std::string_view to_string(NormPlacement p) {
+  switch (p) {
+    case NormPlacement::Pre: return "pre";
+    case NormPlacement::Post: return "post";
+    case NormPlacement::Sandwich: return "sandwich";
+  }
+  return "?";
+}
+std::string_view to_string(Activation a) {
+  switch (a) {
+    case Activation::Silu: return "silu";
+    case Activation::Gelu: return "gelu";
+    case Activation::GeluTanh: return "gelu_tanh";
+    case Activation::Relu: return "relu";
+  }
+  return "?";
+}
+std::string_view to_string(FfnKind k) {
+  switch (k) {
+    case FfnKind::Gated: return "gated";
+    case FfnKind::Plain: return "plain";
+  }
+  return "?";
+}
+std::string_view to_string(AttentionKind k) {
+  switch (k) {
+    case AttentionKind::Mha: return "MHA";
+    case AttentionKind::Gqa: return "GQA";
+    case AttentionKind::Mqa: return "MQA";
+    case AttentionKind::Mla: return "MLA";
+  }
+  return "?";
+}
+std::string_view to_string(RouterKind k) {
+  switch (k) {
+    case RouterKind::SoftmaxTopK: return "softmax top-k";
+    case RouterKind::SigmoidGrouped: return "sigmoid, group-limited top-k, bias-corrected selection";
+  }
+  return "?";
+}
+
+std::string ffn_display_name(FfnKind kind, Activation act) {
+  if (kind == FfnKind::Gated) {
+    switch (act) {
+      case Activation::Silu: return "SwiGLU";
+      case Activation::Gelu: return "GeGLU";
+      case Activation::GeluTanh: return "GeGLU (tanh)";
+      case Activation::Relu: return "ReGLU";
+    }
+  }
+  switch (act) {
+    case Activation::Silu: return "SiLU MLP";
+    case Activation::Gelu: return "GELU MLP";
+    case Activation::GeluTanh: return "GELU MLP (tanh)";
+    case Activation::Relu: return "ReLU MLP";
+  }
+  return "?";
+}
+
+namespace {
+
+Activation parse_activation(const ConfigReader& r, const std::string& field, const std::string& name) {
+  if (name == "silu" || name == "swish") return Activation::Silu;
+  if (name == "gelu") return Activation::Gelu;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return Activation::GeluTanh;
+  if (name == "relu") return Activation::Relu;
+  r.fail(field, "unknown activation '" + name +
+                    "'; supported: silu, swish, gelu, gelu_new, gelu_pytorch_tanh, relu");
+}
+
+// The optional "keel" object: variants beyond the HF families (transformers ignores it).
+void apply_keel_extensions(const nlohmann::json& config, const std::string& source, ModelSpec& spec,
+                           const FamilyRow& row) {
+  auto it = config.find("keel");
+  if (it == config.end() || it->is_null()) return;
+  if (!it->is_object()) throw Error(source, "keel", "expected an object, got a " + std::string(it->type_name()));
+  static const std::set<std::string> known = {"norm", "norm_placement", "qk_norm", "qkv_bias",
+                                              "z_loss", "attn_softcap", "final_softcap"};
+  for (const auto& [key, value] : it->items()) {
+    if (!known.contains(key)) {
+      throw Error(source, "keel." + key,
+                  "unknown key; supported: norm, norm_placement, qk_norm, qkv_bias, z_loss, "
+                  "attn_softcap, final_softcap");
+    }
+  }
+  ConfigReader r(*it, source, "keel.");
+  if (r.has("norm")) {
+    auto norm = r.optional_string("norm", "");
+    if (norm == "rmsnorm") spec.norm = NormKind::RmsNorm;
+    else if (norm == "layernorm") spec.norm = NormKind::LayerNorm;
+    else r.fail("norm", "unknown norm '" + norm + "'; supported: rmsnorm, layernorm");
+  }
+  if (r.has("norm_placement")) {
+    auto p = r.optional_string("norm_placement", "");
+    if (p == "pre") spec.placement = NormPlacement::Pre;
+    else if (p == "post") spec.placement = NormPlacement::Post;
+    else if (p == "sandwich") spec.placement = NormPlacement::Sandwich;
+    else r.fail("norm_placement", "unknown placement '" + p + "'; supported: pre, post, sandwich");
+    if (row.gpt2_fields && spec.placement != NormPlacement::Pre) {
+      r.fail("norm_placement", "gpt2 supports only 'pre' (its HF names have no post-norm slots)");
+    }
+  }
+  if (r.has("qk_norm")) {
+    spec.attention.qk_norm = r.optional_bool("qk_norm", false);
+    if (spec.attention.qk_norm && (row.mla || row.gpt2_fields)) {
+      r.fail("qk_norm", "QK-Norm is not available for " + std::string(row.model_type));
+    }
+  }
+  if (r.has("qkv_bias")) {
+    spec.attention.qkv_bias = r.optional_bool("qkv_bias", false);
+    if (row.mla || row.gpt2_fields) r.fail("qkv_bias", "not available for " + std::string(row.model_type));
+  }
+  spec.z_loss = r.optional_number("z_loss", 0.0, 0.0, 1e3);
+  spec.attention.softcap = r.optional_number("attn_softcap", 0.0, 0.0, 1e6);
+  spec.final_softcap = r.optional_number("final_softcap", 0.0, 0.0, 1e6);
+}
+
+void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
+  MoeSpec& moe = spec.moe;
+  moe.router = row.router;
+  moe.moe_layer.assign(static_cast<size_t>(spec.num_layers), false);
+  switch (row.moe) {
+    case MoeLayout::Dense:
+      return;
+    case MoeLayout::Mixtral: {
+      moe.enabled = true;
+      moe.num_experts = r.required_int("num_local_experts", 1, kMaxExperts);
+      moe.experts_per_token = r.required_int("num_experts_per_tok", 1, kMaxExperts);
+      moe.expert_intermediate_size = spec.mlp.intermediate_size;
+      moe.norm_topk_prob = true;  // Mixtral renormalizes the top-k softmax weights
+      std::fill(moe.moe_layer.begin(), moe.moe_layer.end(), true);
+      break;
+    }
+    case MoeLayout::Qwen3Moe: {
+      moe.num_experts = r.optional_int("num_experts", 0, 0, kMaxExperts);
+      moe.enabled = moe.num_experts > 0;
+      if (!moe.enabled) return;
+      moe.experts_per_token = r.required_int("num_experts_per_tok", 1, kMaxExperts);
+      moe.expert_intermediate_size = r.required_int("moe_intermediate_size", 1, kMaxDim);
+      moe.norm_topk_prob = r.optional_bool("norm_topk_prob", false);
+      int64_t step = r.optional_int("decoder_sparse_step", 1, 1, kMaxLayers);
+      std::set<int64_t> dense_only;
+      if (r.has("mlp_only_layers")) {
+        const auto& list = r.object().at("mlp_only_layers");
+        if (!list.is_array()) r.fail("mlp_only_layers", "expected a list of layer indices");
+        for (const auto& v : list) {
+          if (!v.is_number_integer()) r.fail("mlp_only_layers", "expected integer layer indices, got " + v.dump());
+          dense_only.insert(v.get<int64_t>());
+        }
+      }
+      // HF Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, every step-th layer.
+      for (int64_t l = 0; l < spec.num_layers; ++l) {
+        moe.moe_layer[static_cast<size_t>(l)] = !dense_only.contains(l) && (l + 1) % step == 0;
+      }
+      break;
+    }
+    case MoeLayout::DeepseekV3: {
+      moe.num_experts = r.optional_int("n_routed_experts", 0, 0, kMaxExperts);
+      moe.enabled = moe.num_experts > 0;
+      if (!moe.enabled) return;
+      moe.experts_per_token = r.required_int("num_experts_per_tok", 1, kMaxExperts);
+      moe.expert_intermediate_size = r.required_int("moe_intermediate_size", 1, kMaxDim);
+      moe.num_shared_experts = r.optional_int("n_shared_experts", 1, 0, 1024);
+      moe.shared_intermediate_size = moe.expert_intermediate_size * moe.num_shared_experts;
+      moe.norm_topk_prob = r.optional_bool("norm_topk_prob", true);
+      moe.routed_scaling_factor = r.optional_number(
+          "routed_scaling_factor", row.family == Family::Glm4Moe ? 1.0 : 2.5, 0.0, 1e6, true);
+      moe.n_group = r.optional_int("n_group", row.family == Family::Glm4Moe ? 1 : 8, 1, kMaxExperts);
+      moe.topk_group = r.optional_int("topk_group", row.family == Family::Glm4Moe ? 1 : 4, 1, kMaxExperts);
+      moe.first_k_dense = r.optional_int("first_k_dense_replace", row.family == Family::Glm4Moe ? 1 : 3,
+                                         0, kMaxLayers);
+      int64_t freq = r.optional_int("moe_layer_freq", 1, 1, kMaxLayers);
+      // HF's router module always holds e_score_correction_bias (used by topk_method noaux_tc).
+      moe.score_correction_bias = true;
+      if (moe.num_experts % moe.n_group != 0) {
+        r.fail("n_group", "n_routed_experts (" + std::to_string(moe.num_experts) +
+                              ") must be divisible by n_group (" + std::to_string(moe.n_group) + ")");
+      }
+      if (moe.topk_group > moe.n_group) {
+        r.fail("topk_group", "must not exceed n_group (" + std::to_string(moe.n_group) + ")");
+      }
+      if (moe.experts_per_token > moe.topk_group * (moe.num_experts / moe.n_group)) {
+        r.fail("num_experts_per_tok", "exceeds the experts reachable in topk_group groups");
+      }
+      for (int64_t l = 0; l < spec.num_layers; ++l) {
+        moe.moe_layer[static_cast<size_t>(l)] = l >= moe.first_k_dense && l % freq == 0;
+      }
+      break;
+    }
+  }
+  if (moe.experts_per_token > moe.num_experts) {
+    r.fail("num_experts_per_tok", "(" + std::to_string(moe.experts_per_token) +
+                                      ") exceeds the number of experts (" + std::to_string(moe.num_experts) + ")");
+  }
+}
+
+ModelSpec spec_from_gpt2(const ConfigReader& r, const FamilyRow& row) {
+  ModelSpec spec;
+  spec.hidden_size = r.required_int("n_embd", 1, kMaxDim);
+  spec.num_layers = r.required_int("n_layer", 1, kMaxLayers);
+  spec.vocab_size = r.required_int("vocab_size", 1, kMaxDim);
+  spec.max_position_embeddings = r.optional_int("n_positions", 1024, 1, kMaxDim);
+  spec.norm = NormKind::LayerNorm;
+  spec.norm_eps = r.optional_number("layer_norm_epsilon", row.default_norm_eps, 0.0, 1.0, true);
+  auto& a = spec.attention;
+  a.num_heads = r.required_int("n_head", 1, kMaxDim);
+  a.num_kv_heads = a.num_heads;
+  if (spec.hidden_size % a.num_heads != 0) {
+    r.fail("n_head", "n_embd (" + std::to_string(spec.hidden_size) + ") is not divisible by n_head (" +
+                         std::to_string(a.num_heads) + ")");
+  }
+  a.head_dim = spec.hidden_size / a.num_heads;
+  a.kind = AttentionKind::Mha;
+  a.qkv_bias = a.o_bias = true;
+  a.learned_positions = true;
+  a.rope.rotary_dim = 0;
+  a.rope.partial_rotary_factor = 0.0;
+  auto act = r.optional_string("activation_function", "gelu_new");
+  spec.mlp.kind = FfnKind::Plain;
+  spec.mlp.hidden_act = act;
+  spec.mlp.activation = parse_activation(r, "activation_function", act);
+  spec.mlp.intermediate_size = r.optional_int("n_inner", 4 * spec.hidden_size, 1, kMaxDim);
+  spec.mlp.bias = true;
+  return spec;
+}
+
+ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
+  ModelSpec spec;
+  spec.hidden_size = r.required_int("hidden_size", 1, kMaxDim);
+  spec.num_layers = r.required_int("num_hidden_layers", 1, kMaxLayers);
+  spec.vocab_size = r.required_int("vocab_size", 1, kMaxDim);
+  spec.max_position_embeddings = r.optional_int("max_position_embeddings", 4096, 1, kMaxPositions);
+  spec.norm = NormKind::RmsNorm;
+  spec.norm_eps = r.optional_number("rms_norm_eps", row.default_norm_eps, 0.0, 1.0, true);
+
+  auto act = r.optional_string("hidden_act", "silu");
+  spec.mlp.kind = FfnKind::Gated;
+  spec.mlp.hidden_act = act;
+  spec.mlp.activation = parse_activation(r, "hidden_act", act);
+  spec.mlp.intermediate_size = r.required_int("intermediate_size", 1, kMaxDim);
+  spec.mlp.bias = row.mlp_bias_field && r.optional_bool("mlp_bias", false);
+
+  auto& a = spec.attention;
+  a.num_heads = r.required_int("num_attention_heads", 1, kMaxDim);
+  a.num_kv_heads = r.optional_int("num_key_value_heads", a.num_heads, 1, kMaxDim);
+  a.rope.theta = r.optional_number("rope_theta", row.default_rope_theta, 0.0, 1e15, true);
+  if (r.has("rope_scaling")) {
+    const auto& s = r.object().at("rope_scaling");
+    if (!s.is_object()) r.fail("rope_scaling", "expected an object or null");
+    a.rope.scaling = s;
+  }
+  a.rope.partial_rotary_factor = r.optional_number("partial_rotary_factor", row.default_partial_rotary, 0.0, 1.0, true);
+
+  bool attention_bias = r.optional_bool("attention_bias", false);
+  switch (row.attention_bias) {
+    case AttentionBiasRule::Gpt2: a.qkv_bias = a.o_bias = true; break;
+    case AttentionBiasRule::None: break;
+    case AttentionBiasRule::QkvAlways: a.qkv_bias = true; break;
+    case AttentionBiasRule::QkvoFromConfig: a.qkv_bias = a.o_bias = attention_bias; break;
+    case AttentionBiasRule::QkvFromConfig: a.qkv_bias = attention_bias; break;
+    case AttentionBiasRule::MlaFromConfig: a.qkv_bias = a.o_bias = attention_bias; break;
+  }
+  a.qk_norm = row.qk_norm_always ||
+              (!row.qk_norm_field.empty() && r.optional_bool(std::string(row.qk_norm_field), false));
+
+  if (row.mla) {
+    a.kind = AttentionKind::Mla;
+    a.q_lora_rank = r.optional_int("q_lora_rank", 0, 0, kMaxDim);
+    a.kv_lora_rank = r.required_int("kv_lora_rank", 1, kMaxDim);
+    a.qk_nope_head_dim = r.required_int("qk_nope_head_dim", 0, kMaxDim);
+    a.qk_rope_head_dim = r.required_int("qk_rope_head_dim", 1, kMaxDim);
+    a.v_head_dim = r.required_int("v_head_dim", 1, kMaxDim);
+    if (a.qk_rope_head_dim % 2 != 0) r.fail("qk_rope_head_dim", "must be even for RoPE");
+    a.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
+    a.rope.rotary_dim = a.qk_rope_head_dim;
+    a.rope.partial_rotary_factor = 1.0;
+    a.rope.interleave = r.optional_bool("rope_interleave", true);
+    // Every head has its own k^C and v; kv heads are the query heads.
+    a.num_kv_heads = a.num_heads;
+  } else {
+    if (r.has("head_dim")) {
+      a.head_dim = r.required_int("head_dim", 1, kMaxDim);
+    } else if (row.default_head_dim > 0) {
+      a.head_dim = row.default_head_dim;
+    } else {
+      if (spec.hidden_size % a.num_heads != 0) {
+        r.fail("num_attention_heads", "hidden_size (" + std::to_string(spec.hidden_size) +
+                                          ") is not divisible by num_attention_heads (" +
+                                          std::to_string(a.num_heads) + ") and head_dim is absent");
+      }
+      a.head_dim = spec.hidden_size / a.num_heads;
+    }
+    if (a.num_heads % a.num_kv_heads != 0) {
+      r.fail("num_key_value_heads", "num_attention_heads (" + std::to_string(a.num_heads) +
+                                        ") is not divisible by num_key_value_heads (" +
+                                        std::to_string(a.num_kv_heads) + ")");
+    }
+    if (a.num_kv_heads == a.num_heads) a.kind = AttentionKind::Mha;
+    else if (a.num_kv_heads == 1) a.kind = AttentionKind::Mqa;
+    else a.kind = AttentionKind::Gqa;
+    // HF: rotary dim = int(head_dim * partial_rotary_factor), rounded down to even.
+    a.rope.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * a.rope.partial_rotary_factor);
+    a.rope.rotary_dim -= a.rope.rotary_dim % 2;
+    if (a.rope.rotary_dim == 0) r.fail("partial_rotary_factor", "leaves no dimension to rotate");
+  }
+  parse_moe(r, row, spec);
+  spec.mtp_layers = r.optional_int("num_nextn_predict_layers", 0, 0, 64);
+  return spec;
+}
+
+}  // namespace
+
+ModelSpec spec_from_config(const nlohmann::json& config, const std::string& source) {
+  if (!config.is_object()) {
+    throw Error(source, "", std::string("expected a JSON object at the top level, got ") +
+                                (config.is_array() ? "an array" : std::string("a ") + config.type_name()));
+  }
+  ConfigReader r(config, source);
+  auto it = config.find("model_type");
+  if (it == config.end() || it->is_null()) r.fail("model_type", "is required but missing");
+  if (!it->is_string()) r.fail("model_type", "expected a string, got " + it->dump());
+  const std::string model_type = it->get<std::string>();
+  const FamilyRow* row = find_family(model_type);
+  if (row == nullptr) {
+    std::string list;
+    for (const auto& name : supported_model_types()) list += (list.empty() ? "" : ", ") + name;
+    r.fail("model_type", "unsupported model_type '" + model_type + "'; supported: " + list);
+  }
+  ModelSpec spec = row->gpt2_fields ? spec_from_gpt2(r, *row) : spec_from_decoder(r, *row);
+  spec.family = row->family;
+  spec.model_type = model_type;
+  spec.source = source;
+  spec.tie_word_embeddings = r.optional_bool("tie_word_embeddings", row->default_tie_embeddings);
+  spec.initializer_range = r.optional_number("initializer_range", 0.02, 0.0, 10.0);
+  if (!spec.moe.enabled) spec.moe.moe_layer.assign(static_cast<size_t>(spec.num_layers), false);
+  apply_keel_extensions(config, source, spec, *row);
+  return spec;
+}
+
+}  // namespace keel::arch

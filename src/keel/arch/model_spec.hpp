@@ -1,0 +1,131 @@
+#pragma once
+// The typed model description: everything keel needs to know about an architecture, built
+// from a Hugging Face config.json. One row of the family table (families.cpp) per model_type
+// decides the defaults and the HF names; errors name the config file and the field.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace keel::arch {
+
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe };
+enum class NormKind { RmsNorm, LayerNorm };
+// pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
+// sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
+enum class NormPlacement { Pre, Post, Sandwich };
+// Elementwise activation. GeluTanh is HF's gelu_new / gelu_pytorch_tanh.
+enum class Activation { Silu, Gelu, GeluTanh, Relu };
+// Gated: down(act(gate(x)) * up(x)), three matrices. Plain: down(act(up(x))), two matrices.
+enum class FfnKind { Gated, Plain };
+enum class AttentionKind { Mha, Gqa, Mqa, Mla };
+// SoftmaxTopK: Mixtral / Qwen3-MoE. SigmoidGrouped: DeepSeek-V3 / Kimi K2 / GLM-4.5
+// (sigmoid scores, correction bias for selection, group-limited top-k).
+enum class RouterKind { SoftmaxTopK, SigmoidGrouped };
+
+std::string_view to_string(Family f);
+std::string_view to_string(NormKind k);
+std::string_view to_string(NormPlacement p);
+std::string_view to_string(Activation a);
+std::string_view to_string(FfnKind k);
+std::string_view to_string(AttentionKind k);
+std::string_view to_string(RouterKind k);
+// Name of the FFN a practitioner uses: SwiGLU, GeGLU, ReGLU, GELU MLP, ...
+std::string ffn_display_name(FfnKind kind, Activation act);
+
+struct RopeSpec {
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  int64_t rotary_dim = 0;        // dims of each head that rotate (even), rest pass through
+  bool interleave = false;       // DeepSeek's rope_interleave (adjacent pairs)
+  nlohmann::json scaling;        // rope_scaling object as given, or null
+};
+
+struct AttentionSpec {
+  AttentionKind kind = AttentionKind::Mha;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;          // q/k/v head dim for MHA/GQA/MQA; qk head dim for MLA
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool qk_norm = false;          // per-head RMSNorm over head_dim before RoPE (Qwen3/GLM)
+  RopeSpec rope;
+  bool learned_positions = false;  // GPT-2's wpe table instead of RoPE
+  // MLA (DeepSeek-V3); q_lora_rank 0 means a plain q_proj.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  double softcap = 0.0;          // keel.attn_softcap; 0 = off
+  int64_t qk_head_dim() const { return kind == AttentionKind::Mla ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+  int64_t value_head_dim() const { return kind == AttentionKind::Mla ? v_head_dim : head_dim; }
+};
+
+struct MlpSpec {
+  FfnKind kind = FfnKind::Gated;
+  Activation activation = Activation::Silu;
+  std::string hidden_act;        // the config's spelling
+  int64_t intermediate_size = 0;
+  bool bias = false;
+};
+
+struct MoeSpec {
+  bool enabled = false;
+  RouterKind router = RouterKind::SoftmaxTopK;
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t num_shared_experts = 0;
+  int64_t expert_intermediate_size = 0;
+  int64_t shared_intermediate_size = 0;  // total width of the shared expert MLP
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool score_correction_bias = false;    // gate.e_score_correction_bias stored
+  int64_t first_k_dense = 0;             // first_k_dense_replace
+  std::vector<bool> moe_layer;           // per decoder layer: routed experts or dense MLP
+};
+
+struct ModelSpec {
+  Family family = Family::Llama;
+  std::string model_type;
+  std::string source;            // file the spec came from, for messages
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t max_position_embeddings = 0;
+  NormKind norm = NormKind::RmsNorm;
+  double norm_eps = 1e-6;
+  NormPlacement placement = NormPlacement::Pre;
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;
+  AttentionSpec attention;
+  MlpSpec mlp;                   // dense MLP (all layers of dense models, leading layers of MoE)
+  MoeSpec moe;
+  int64_t mtp_layers = 0;        // num_nextn_predict_layers
+  double z_loss = 0.0;           // keel.z_loss
+  double final_softcap = 0.0;    // keel.final_softcap
+
+  bool is_moe_layer(int64_t layer) const {
+    return moe.enabled && moe.moe_layer[static_cast<size_t>(layer)];
+  }
+  bool has_final_norm() const { return placement != NormPlacement::Post; }
+};
+
+// Limits that keep accounting exact in 64 bits and bound work on hostile input.
+inline constexpr int64_t kMaxDim = int64_t{1} << 24;     // any width, vocab, rank
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxExperts = 1 << 16;
+inline constexpr int64_t kMaxPositions = int64_t{1} << 30;
+
+// Builds the typed description; throws keel::Error(source, field, reason) on bad input.
+ModelSpec spec_from_config(const nlohmann::json& config, const std::string& source);
+
+// model_type values keel understands, in the order the table lists them.
+std::vector<std::string> supported_model_types();
+
+}  // namespace keel::arch

@@ -1,0 +1,10 @@
+#pragma once
+// Each subcommand registers its options and a callback on the one `keel` app. Callbacks throw
+// keel::Error on bad input; main() prints it as one line and exits with status 2.
+#include <CLI/CLI.hpp>
+
+namespace keel::cli {
+
+void register_inspect(CLI::App& app);
+
+}  // namespace keel::cli

@@ -1,0 +1,33 @@
+// keel: one binary, one subcommand per job. The only place that prints errors and exits.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "keel/cli/commands.hpp"
+#include "keel/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "keel: train, inspect and compare transformer language models built from Hugging Face "
+      "config.json files, with the mechanisms that keep training stable."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "keel 0.1.0");
+  keel::cli::register_inspect(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (const keel::Error& e) {
+    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "keel: error: out of memory\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
