@@ -116,6 +116,8 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
   }
   if (a["moe"].is_null()) {
     r.emplace_back("MoE", "no (dense)");
+    r.emplace_back("MoE layers", "-");
+    r.emplace_back("router", "-");
   } else {
     const json& moe = a["moe"];
     r.emplace_back("MoE", number(moe["num_experts"]) + " routed, " + number(moe["experts_per_token"]) + " per token, " +

@@ -1,0 +1,208 @@
+// Every class of bad config yields one keel::Error naming the file, the field and the reason.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "keel/arch/config_file.hpp"
+#include "keel/core/error.hpp"
+
+namespace keel::arch {
+namespace {
+
+nlohmann::json qwen3() {
+  return nlohmann::json::parse(R"({
+    "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 192, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 256,
+    "rms_norm_eps": 1e-6, "hidden_act": "silu"})");
+}
+
+// Expects spec_from_config to fail; returns the error for inspection.
+Error spec_error(const nlohmann::json& config) {
+  try {
+    spec_from_config(config, "cfg.json");
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected an error for " << config.dump();
+  return Error("", "", "");
+}
+
+TEST(ConfigErrors, NotAnObject) {
+  Error e = spec_error(nlohmann::json::array({1, 2}));
+  EXPECT_EQ(e.file(), "cfg.json");
+  EXPECT_NE(std::string(e.what()).find("JSON object"), std::string::npos) << e.what();
+}
+
+TEST(ConfigErrors, MissingRequiredField) {
+  auto c = qwen3();
+  c.erase("hidden_size");
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "hidden_size");
+  EXPECT_NE(e.reason().find("missing"), std::string::npos);
+}
+
+TEST(ConfigErrors, WrongType) {
+  auto c = qwen3();
+  c["num_hidden_layers"] = "two";
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "num_hidden_layers");
+  EXPECT_NE(e.reason().find("expected an integer"), std::string::npos) << e.reason();
+  c = qwen3();
+  c["rms_norm_eps"] = "tiny";
+  EXPECT_EQ(spec_error(c).field(), "rms_norm_eps");
+  c = qwen3();
+  c["tie_word_embeddings"] = 1;
+  EXPECT_EQ(spec_error(c).field(), "tie_word_embeddings");
+  c = qwen3();
+  c["num_attention_heads"] = 4.5;
+  EXPECT_EQ(spec_error(c).field(), "num_attention_heads");
+}
+
+TEST(ConfigErrors, ZeroOrNegativeSizes) {
+  for (const char* field : {"hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                            "vocab_size", "head_dim", "num_key_value_heads"}) {
+    for (int value : {0, -3}) {
+      auto c = qwen3();
+      c[field] = value;
+      Error e = spec_error(c);
+      EXPECT_EQ(e.field(), field);
+      EXPECT_NE(e.reason().find("must be positive"), std::string::npos) << e.reason();
+    }
+  }
+  auto c = qwen3();
+  c["rms_norm_eps"] = 0.0;
+  EXPECT_EQ(spec_error(c).field(), "rms_norm_eps");
+}
+
+TEST(ConfigErrors, HiddenNotDivisibleByHeadsWithoutHeadDim) {
+  auto c = qwen3();
+  c["model_type"] = "llama";
+  c.erase("head_dim");
+  c["hidden_size"] = 66;
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "num_attention_heads");
+  EXPECT_NE(e.reason().find("not divisible"), std::string::npos);
+  // With head_dim given, the same hidden size is fine.
+  c["head_dim"] = 16;
+  EXPECT_NO_THROW(spec_from_config(c, "cfg.json"));
+}
+
+TEST(ConfigErrors, HeadsNotDivisibleByKvHeads) {
+  auto c = qwen3();
+  c["num_key_value_heads"] = 3;
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "num_key_value_heads");
+  EXPECT_NE(e.reason().find("not divisible"), std::string::npos);
+}
+
+TEST(ConfigErrors, UnknownModelTypeListsSupported) {
+  auto c = qwen3();
+  c["model_type"] = "bert";
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "model_type");
+  for (const char* name : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3",
+                           "kimi_k2", "glm4_moe"}) {
+    EXPECT_NE(e.reason().find(name), std::string::npos) << name;
+  }
+  c.erase("model_type");
+  EXPECT_EQ(spec_error(c).field(), "model_type");
+}
+
+TEST(ConfigErrors, UnknownActivation) {
+  auto c = qwen3();
+  c["hidden_act"] = "swishglu";
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "hidden_act");
+  EXPECT_NE(e.reason().find("swishglu"), std::string::npos);
+  EXPECT_NE(e.reason().find("silu"), std::string::npos);
+}
+
+TEST(ConfigErrors, KeelExtensionIsChecked) {
+  auto c = qwen3();
+  c["keel"] = {{"norm", "batchnorm"}};
+  EXPECT_EQ(spec_error(c).field(), "keel.norm");
+  c["keel"] = {{"normplacement", "post"}};
+  EXPECT_EQ(spec_error(c).field(), "keel.normplacement");
+  c["keel"] = {{"z_loss", -1}};
+  EXPECT_EQ(spec_error(c).field(), "keel.z_loss");
+  c["keel"] = {{"norm", "layernorm"}, {"norm_placement", "sandwich"}, {"qkv_bias", true}, {"z_loss", 1e-4}};
+  ModelSpec s = spec_from_config(c, "cfg.json");
+  EXPECT_EQ(s.norm, NormKind::LayerNorm);
+  EXPECT_EQ(s.placement, NormPlacement::Sandwich);
+  EXPECT_TRUE(s.attention.qkv_bias);
+  EXPECT_DOUBLE_EQ(s.z_loss, 1e-4);
+}
+
+TEST(ConfigErrors, MoeShapesAreChecked) {
+  auto c = nlohmann::json::parse(R"({"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 64,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256,
+      "num_local_experts": 4, "num_experts_per_tok": 5})");
+  EXPECT_EQ(spec_error(c).field(), "num_experts_per_tok");
+  c = nlohmann::json::parse(R"({"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 64,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256, "kv_lora_rank": 16,
+      "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 6,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_group": 4, "topk_group": 2})");
+  EXPECT_EQ(spec_error(c).field(), "n_group");
+}
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) / ("keel_cfg_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    auto p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(TempDir, FileErrorsNameThePath) {
+  try {
+    read_config_file((dir_ / "missing.json").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos);
+    EXPECT_NE(e.reason().find("no such file"), std::string::npos);
+  }
+  try {
+    read_config_file(dir_.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.reason().find("no config.json"), std::string::npos);
+  }
+  auto bad = write("bad.json", "{\"model_type\": \"qwen3\",");
+  try {
+    read_config_file(bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.file(), bad);
+    EXPECT_NE(e.reason().find("not valid JSON"), std::string::npos);
+    EXPECT_EQ(e.reason().find("json.exception"), std::string::npos) << "library tag leaked: " << e.reason();
+  }
+}
+
+TEST_F(TempDir, FolderWithConfigIsRead) {
+  write("config.json", qwen3().dump());
+  ModelSpec s = load_model_spec(dir_.string());
+  EXPECT_EQ(s.family, Family::Qwen3);
+  EXPECT_EQ(s.source, (dir_ / "config.json").string());
+}
+
+TEST(ConfigOverrides, SetReplacesAndNests) {
+  auto c = qwen3();
+  apply_overrides(c, {"num_hidden_layers=7", "keel.norm=layernorm", "hidden_act=gelu", "rope_scaling=null"}, "cfg.json");
+  EXPECT_EQ(c["num_hidden_layers"], 7);
+  EXPECT_EQ(c["keel"]["norm"], "layernorm");
+  EXPECT_EQ(c["hidden_act"], "gelu");
+  EXPECT_TRUE(c["rope_scaling"].is_null());
+  EXPECT_THROW(apply_overrides(c, {"no_equals_sign"}, "cfg.json"), Error);
+  EXPECT_THROW(apply_overrides(c, {"hidden_act.x=1"}, "cfg.json"), Error);
+}
+
+}  // namespace
+}  // namespace keel::arch
