@@ -6,5 +6,6 @@
 namespace keel::cli {
 
 void register_inspect(CLI::App& app);
+void register_model_commands(CLI::App& app);  // init, eval, grad, train, bench
 
 }  // namespace keel::cli

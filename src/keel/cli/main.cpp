@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "keel 0.1.0");
   keel::cli::register_inspect(app);
+  keel::cli::register_model_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

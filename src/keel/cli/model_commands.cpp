@@ -1,0 +1,256 @@
+// Subcommands that build, evaluate, differentiate, train and time models:
+// `keel init`, `keel eval`, `keel grad`, `keel train` (minimal loop) and `keel bench`.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/arch/config_file.hpp"
+#include "keel/cli/commands.hpp"
+#include "keel/core/error.hpp"
+#include "keel/core/rng.hpp"
+#include "keel/data/token_file.hpp"
+#include "keel/io/model_dir.hpp"
+#include "keel/io/safetensors.hpp"
+#include "keel/optim/adamw.hpp"
+#include "keel/optim/grad_clip.hpp"
+
+namespace keel::cli {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kLinesPerBatch = 16;
+
+std::vector<std::vector<int32_t>> read_tokens_for(const nn::TransformerModel& model, const std::string& path) {
+  const auto& spec = model.spec();
+  return data::read_token_file(path, spec.vocab_size, spec.max_position_embeddings);
+}
+
+int64_t total_predicted(const std::vector<std::vector<int32_t>>& lines) {
+  int64_t n = 0;
+  for (const auto& l : lines) n += static_cast<int64_t>(l.size()) - 1;
+  return n;
+}
+
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+void register_init(CLI::App& app) {
+  auto* cmd = app.add_subcommand("init", "Write a freshly initialized model directory (config.json + model.safetensors)");
+  struct Options {
+    std::string config, out;
+    uint64_t seed = 0;
+    std::vector<std::string> sets;
+    bool bf16 = false;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--config", o->config, "HF config.json (or a folder holding one)")->required();
+  cmd->add_option("--seed", o->seed, "seed of the deterministic initialization")->required();
+  cmd->add_option("--out", o->out, "model directory to write")->required();
+  cmd->add_option("--set", o->sets, "override a config field first, KEY=VALUE (repeatable)");
+  cmd->add_flag("--bf16", o->bf16, "store the weights as BF16 instead of F32");
+  cmd->callback([o] {
+    arch::LoadedConfig cfg = arch::read_config_file(o->config);
+    arch::apply_overrides(cfg.json, o->sets, cfg.path);
+    nn::TransformerModel model(arch::spec_from_config(cfg.json, cfg.path));
+    model.initialize(o->seed);
+    io::save_model_dir(o->out, cfg.json, model, o->bf16 ? io::DType::BF16 : io::DType::F32);
+    std::printf("wrote %s (%lld parameters, seed %llu)\n", o->out.c_str(),
+                static_cast<long long>(model.parameters().size()), static_cast<unsigned long long>(o->seed));
+  });
+}
+
+void register_eval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval", "Mean next-token cross-entropy of a model on a token file");
+  struct Options {
+    std::string model, tokens;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors)")->required();
+  cmd->add_option("--tokens", o->tokens, "text file: one sequence per line, whitespace-separated token ids")->required();
+  cmd->add_flag("--json", o->json, "print {\"loss\": L, \"tokens\": N}");
+  cmd->callback([o] {
+    io::LoadedModel m = io::load_model_dir(o->model);
+    auto lines = read_tokens_for(*m.model, o->tokens);
+    double ce = 0;
+    int64_t count = 0;
+    for (size_t b = 0; b < lines.size(); b += kLinesPerBatch) {
+      auto batch = data::make_batch(lines, b, std::min(lines.size(), b + kLinesPerBatch));
+      auto r = m.model->forward_loss(batch.tokens.data(), batch.targets.data(), batch.batch, batch.seq);
+      ce += r.ce_sum;
+      count += r.count;
+    }
+    const double loss = count ? ce / static_cast<double>(count) : 0.0;
+    if (o->json) {
+      std::printf("%s\n", json{{"loss", loss}, {"tokens", count}}.dump().c_str());
+    } else {
+      std::printf("loss %.6f over %lld predicted tokens (perplexity %.3f)\n", loss, static_cast<long long>(count),
+                  std::exp(loss));
+    }
+  });
+}
+
+// Accumulates the gradient of the mean objective over every line; returns (mean CE, mean z term).
+std::pair<double, double> accumulate_gradients(nn::TransformerModel& model,
+                                               const std::vector<std::vector<int32_t>>& lines, size_t begin,
+                                               size_t end) {
+  int64_t predicted = 0;
+  for (size_t i = begin; i < end; ++i) predicted += static_cast<int64_t>(lines[i].size()) - 1;
+  if (predicted == 0) throw Error("", "tokens", "no line has two or more tokens; nothing to predict");
+  double ce = 0, z = 0;
+  for (size_t b = begin; b < end; b += kLinesPerBatch) {
+    auto batch = data::make_batch(lines, b, std::min(end, b + kLinesPerBatch));
+    auto r = model.forward_backward(batch.tokens.data(), batch.targets.data(), batch.batch, batch.seq,
+                                    1.0f / static_cast<float>(predicted));
+    ce += r.ce_sum;
+    z += r.z_sum;
+  }
+  return {ce / static_cast<double>(predicted), z / static_cast<double>(predicted)};
+}
+
+void register_grad(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "grad", "Write the fp32 gradient of the training objective (mean CE + z-loss) for every parameter");
+  struct Options {
+    std::string model, tokens, out;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--model", o->model, "model directory")->required();
+  cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
+  cmd->add_option("--out", o->out, "safetensors file to write, tensors under the weights' names")->required();
+  cmd->callback([o] {
+    io::LoadedModel m = io::load_model_dir(o->model);
+    auto lines = read_tokens_for(*m.model, o->tokens);
+    if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
+    auto& store = m.model->parameters();
+    store.zero_grad();
+    auto [ce, z] = accumulate_gradients(*m.model, lines, 0, lines.size());
+    std::vector<io::TensorToWrite> tensors;
+    for (const auto& p : store.entries()) {
+      tensors.push_back({p.name, io::DType::F32, p.shape, store.grads().data() + p.offset});
+    }
+    io::write_safetensors(o->out, tensors, {{"loss", std::to_string(ce + m.model->spec().z_loss * z)}});
+    std::printf("loss %.6f (cross-entropy %.6f); wrote %zu gradients to %s\n", ce + m.model->spec().z_loss * z, ce,
+                tensors.size(), o->out.c_str());
+  });
+}
+
+void register_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model directory on a token file with AdamW (minimal loop)");
+  struct Options {
+    std::string model, tokens, out;
+    int64_t steps = 0, batch_lines = 0, log_every = 1;
+    float lr = 1e-3f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip = 1.0f;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--model", o->model, "model directory to start from")->required();
+  cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
+  cmd->add_option("--steps", o->steps, "optimizer steps")->required()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--lr", o->lr, "learning rate (constant)")->required()->check(CLI::Range(0.0, 1e3));
+  cmd->add_option("--out", o->out, "model directory to write when done")->required();
+  cmd->add_option("--batch-lines", o->batch_lines, "lines per step, cycling through the file (default: all)");
+  cmd->add_option("--weight-decay", o->weight_decay, "decoupled weight decay on matrices (not norms, biases, embeddings)");
+  cmd->add_option("--beta1", o->beta1, "AdamW beta1");
+  cmd->add_option("--beta2", o->beta2, "AdamW beta2");
+  cmd->add_option("--eps", o->eps, "AdamW epsilon");
+  cmd->add_option("--clip", o->clip, "global grad-norm clipping threshold (0 = off)");
+  cmd->add_option("--log-every", o->log_every, "print every N steps");
+  cmd->callback([o] {
+    io::LoadedModel m = io::load_model_dir(o->model);
+    auto lines = read_tokens_for(*m.model, o->tokens);
+    if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
+    auto& store = m.model->parameters();
+    optim::AdamW adamw(store, {o->beta1, o->beta2, o->eps, o->weight_decay});
+    const size_t per_step = o->batch_lines > 0 ? std::min(lines.size(), static_cast<size_t>(o->batch_lines)) : lines.size();
+    size_t cursor = 0;
+    for (int64_t step = 1; step <= o->steps; ++step) {
+      if (cursor + per_step > lines.size()) cursor = 0;
+      store.zero_grad();
+      auto [ce, z] = accumulate_gradients(*m.model, lines, cursor, cursor + per_step);
+      cursor += per_step;
+      double norm = o->clip > 0 ? optim::clip_grad_norm(store.grads(), o->clip) : optim::global_grad_norm(store.grads());
+      adamw.step(store, o->lr);
+      if (step % o->log_every == 0 || step == o->steps) {
+        std::printf("step %lld  loss %.6f  grad_norm %.4f\n", static_cast<long long>(step),
+                    ce + m.model->spec().z_loss * z, norm);
+        std::fflush(stdout);
+      }
+      if (!std::isfinite(ce)) throw Error(o->tokens, "", "loss became non-finite at step " + std::to_string(step));
+    }
+    io::save_model_dir(o->out, m.config, *m.model);
+    std::printf("wrote %s\n", o->out.c_str());
+  });
+}
+
+void register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW) on random tokens");
+  struct Options {
+    std::string config;
+    std::vector<std::string> sets;
+    int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--config", o->config, "HF config.json")->required();
+  cmd->add_option("--set", o->sets, "override a config field first, KEY=VALUE (repeatable)");
+  cmd->add_option("--batch", o->batch, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--seq", o->seq, "tokens per sequence")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--steps", o->steps, "timed steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\"}");
+  cmd->callback([o] {
+    arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
+    if (o->seq > spec.max_position_embeddings) {
+      throw Error(spec.source, "max_position_embeddings", "--seq " + std::to_string(o->seq) + " exceeds the context length");
+    }
+    nn::TransformerModel model(spec);
+    model.initialize(1);
+    auto& store = model.parameters();
+    optim::AdamW adamw(store, {});
+    const int64_t n = o->batch * o->seq;
+    std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      tokens[i] = static_cast<int32_t>(uniform_int_at(7, 1, static_cast<uint64_t>(i), static_cast<uint64_t>(spec.vocab_size)));
+      targets[i] = static_cast<int32_t>(uniform_int_at(7, 2, static_cast<uint64_t>(i), static_cast<uint64_t>(spec.vocab_size)));
+    }
+    auto step = [&] {
+      store.zero_grad();
+      model.forward_backward(tokens.data(), targets.data(), o->batch, o->seq, 1.0f / static_cast<float>(n));
+      optim::clip_grad_norm(store.grads(), 1.0);
+      adamw.step(store, 1e-4f);
+    };
+    for (int64_t i = 0; i < o->warmup; ++i) step();
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < o->steps; ++i) step();
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+                static_cast<double>(o->steps);
+    double tps = static_cast<double>(n) / (ms / 1000.0);
+    if (o->json) {
+      std::printf("%s\n", json{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss_mb()}}.dump().c_str());
+    } else {
+      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB\n", ms, tps, peak_rss_mb());
+    }
+  });
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  register_init(app);
+  register_eval(app);
+  register_grad(app);
+  register_train(app);
+  register_bench(app);
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,89 @@
+#pragma once
+// Memory by role. A FloatBuffer is one aligned allocation (parameters, gradients, optimizer
+// state each get one). An Arena hands out views for activations during a step: the first step
+// grows it, reset() folds what was used into a single block, later steps reuse that block.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <span>
+#include <vector>
+
+namespace keel {
+
+inline constexpr size_t kAlignment = 64;  // cache line; AVX-512 loads
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  explicit FloatBuffer(size_t count) { resize(count); }
+  void resize(size_t count) {
+    size_t bytes = ((count * sizeof(float) + kAlignment - 1) / kAlignment) * kAlignment;
+    float* p = static_cast<float*>(std::aligned_alloc(kAlignment, bytes == 0 ? kAlignment : bytes));
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, bytes == 0 ? kAlignment : bytes);
+    data_.reset(p);
+    size_ = count;
+  }
+  float* data() { return data_.get(); }
+  const float* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  std::span<float> span() { return {data_.get(), size_}; }
+  std::span<const float> span() const { return {data_.get(), size_}; }
+  void zero() { if (size_) std::memset(data_.get(), 0, size_ * sizeof(float)); }
+
+ private:
+  std::unique_ptr<float[], FreeDeleter> data_;
+  size_t size_ = 0;
+};
+
+class Arena {
+ public:
+  // Uninitialized floats valid until the next reset().
+  float* alloc(size_t count) {
+    size_t padded = (count + kAlignment / sizeof(float) - 1) / (kAlignment / sizeof(float)) * (kAlignment / sizeof(float));
+    if (blocks_.empty() || used_ + padded > blocks_.back().size()) {
+      size_t want = std::max(padded, blocks_.empty() ? size_t{1} << 16 : blocks_.back().size());
+      blocks_.emplace_back(want);
+      used_ = 0;
+    }
+    float* p = blocks_.back().data() + used_;
+    used_ += padded;
+    total_used_ += padded;
+    high_water_ = std::max(high_water_, total_used_);
+    return p;
+  }
+  float* alloc_zeroed(size_t count) {
+    float* p = alloc(count);
+    std::memset(p, 0, count * sizeof(float));
+    return p;
+  }
+  // Forget every view; if the step needed several blocks, replace them by one that fits all.
+  void reset() {
+    if (blocks_.size() > 1) {
+      blocks_.clear();
+      blocks_.emplace_back(high_water_);
+    }
+    used_ = 0;
+    total_used_ = 0;
+  }
+  size_t capacity_floats() const {
+    size_t n = 0;
+    for (const auto& b : blocks_) n += b.size();
+    return n;
+  }
+
+ private:
+  std::vector<FloatBuffer> blocks_;
+  size_t used_ = 0;
+  size_t total_used_ = 0;
+  size_t high_water_ = 0;
+};
+
+}  // namespace keel

@@ -1,0 +1,127 @@
+#include "keel/io/model_dir.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "keel/arch/config_file.hpp"
+#include "keel/core/error.hpp"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path, "", std::string("cannot create: ") + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(path, "", std::string("write failed: ") + std::strerror(err));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(path, "", std::string("fsync failed: ") + std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(path, "", std::string("rename failed: ") + std::strerror(err));
+  }
+}
+
+namespace {
+
+// GPT-2 checkpoints exist with and without the "transformer." prefix; keel's names carry it.
+std::string canonical_name(const std::string& name, const nn::TransformerModel& model) {
+  if (model.spec().family == arch::Family::Gpt2 && name.rfind("transformer.", 0) != 0 && name != "lm_head.weight") {
+    return "transformer." + name;
+  }
+  return name;
+}
+
+// Tensors a real checkpoint may hold that are not parameters: GPT-2's causal-mask buffers and a
+// copy of a tied head.
+bool ignorable(const std::string& name, const nn::TransformerModel& model) {
+  if (model.spec().family == arch::Family::Gpt2 &&
+      (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"))) {
+    return true;
+  }
+  return name == "lm_head.weight" && model.spec().tie_word_embeddings;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void load_weights(const SafetensorsFile& file, nn::TransformerModel& model) {
+  nn::ParameterStore& store = model.parameters();
+  std::set<std::string> seen;
+  for (const TensorRecord& t : file.tensors()) {
+    const std::string name = canonical_name(t.name, model);
+    const nn::ParamInfo* p = store.find(name);
+    if (p == nullptr) {
+      if (ignorable(t.name, model) || (name != t.name && ignorable(name, model))) continue;
+      throw Error(file.path(), t.name, "unexpected tensor: the config has no parameter of that name");
+    }
+    if (t.shape != p->shape) {
+      throw Error(file.path(), t.name, "shape " + shape_string(t.shape) + " does not match the config's " +
+                                           shape_string(p->shape));
+    }
+    if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
+      throw Error(file.path(), t.name, "dtype " + std::string(to_string(t.dtype)) + " is not a float type");
+    }
+    if (!seen.insert(name).second) throw Error(file.path(), t.name, "appears twice (with and without prefix)");
+    std::vector<float> values = file.read_f32(t.name);
+    std::memcpy(store.data(name), values.data(), values.size() * sizeof(float));
+  }
+  for (const nn::ParamInfo& p : store.entries()) {
+    if (!seen.contains(p.name)) throw Error(file.path(), p.name, "missing tensor required by the config");
+  }
+}
+
+LoadedModel load_model_dir(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw Error(dir, "", "not a model directory (expected config.json + model.safetensors)");
+  arch::LoadedConfig cfg = arch::read_config_file(dir);
+  arch::ModelSpec spec = arch::spec_from_config(cfg.json, cfg.path);
+  LoadedModel out;
+  out.config = cfg.json;
+  out.model = std::make_unique<nn::TransformerModel>(spec);
+  const std::string weights = (fs::path(dir) / "model.safetensors").string();
+  if (!fs::exists(weights)) throw Error(weights, "", "no such file");
+  load_weights(SafetensorsFile::open(weights), *out.model);
+  return out;
+}
+
+void save_model_dir(const std::string& dir, const nlohmann::json& config, const nn::TransformerModel& model,
+                    DType dtype) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(dir, "", "cannot create the directory: " + ec.message());
+  const nn::ParameterStore& store = model.parameters();
+  std::vector<TensorToWrite> tensors;
+  for (const nn::ParamInfo& p : store.entries()) {
+    tensors.push_back({p.name, dtype, p.shape, store.values().data() + p.offset});
+  }
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomic((fs::path(dir) / "config.json").string(), config.dump(2) + "\n");
+}
+
+}  // namespace keel::io

@@ -1,0 +1,223 @@
+#include "keel/nn/model.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "keel/core/error.hpp"
+#include "keel/kernels/cross_entropy.hpp"
+#include "keel/kernels/embedding.hpp"
+
+namespace keel::nn {
+
+namespace {
+
+std::string norm_name(const arch::ModelSpec& spec, int64_t layer, const char* slot) {
+  return (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer) + "." + slot;
+}
+
+// Builds the norms of one sublayer for the configured placement (HF names per slot).
+Sublayer make_sublayer(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool attention) {
+  Sublayer s;
+  const float eps = static_cast<float>(spec.norm_eps);
+  const int64_t h = spec.hidden_size;
+  auto norm = [&](const char* slot) { return Norm(store, norm_name(spec, layer, slot), h, spec.norm, eps); };
+  if (spec.family == arch::Family::Gpt2) {
+    s.before.emplace(norm(attention ? "ln_1" : "ln_2"));
+    return s;
+  }
+  switch (spec.placement) {
+    case arch::NormPlacement::Pre:
+      s.before.emplace(norm(attention ? "input_layernorm" : "post_attention_layernorm"));
+      break;
+    case arch::NormPlacement::Post:
+      s.wrap.emplace(norm(attention ? "post_attention_layernorm" : "post_feedforward_layernorm"));
+      break;
+    case arch::NormPlacement::Sandwich:
+      s.before.emplace(norm(attention ? "input_layernorm" : "pre_feedforward_layernorm"));
+      s.after.emplace(norm(attention ? "post_attention_layernorm" : "post_feedforward_layernorm"));
+      break;
+  }
+  return s;
+}
+
+void add_into(float* dst, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Block
+
+Block::Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope)
+    : hidden_(spec.hidden_size),
+      // Registration order follows the HF checkpoint: norms around attention, attention, MLP.
+      attn_norms_(make_sublayer(store, spec, layer, true)),
+      mlp_norms_(make_sublayer(store, spec, layer, false)),
+      attention_(store,
+                 (spec.family == arch::Family::Gpt2 ? "transformer.h." + std::to_string(layer) + ".attn"
+                                                    : "model.layers." + std::to_string(layer) + ".self_attn"),
+                 spec, rope),
+      mlp_(store,
+           (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer) + ".mlp",
+           spec) {}
+
+float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
+  const int64_t n = s.tokens();
+  auto run = [&](Sublayer& sub, const float* in, auto&& f) -> float* {
+    const float* f_in = sub.before ? sub.before->forward(store, arena, in, n) : in;
+    float* y = f(f_in);
+    if (sub.after) y = sub.after->forward(store, arena, y, n);
+    float* sum = arena.alloc(static_cast<size_t>(n * hidden_));
+    add_into(sum, in, y, n * hidden_);
+    return sub.wrap ? sub.wrap->forward(store, arena, sum, n) : sum;
+  };
+  float* x1 = run(attn_norms_, x, [&](const float* in) { return attention_.forward(store, arena, in, s, max_logit); });
+  return run(mlp_norms_, x1, [&](const float* in) { return mlp_.forward(store, arena, in, n); });
+}
+
+float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
+  const int64_t n = s.tokens();
+  const size_t size = static_cast<size_t>(n * hidden_);
+  // Reverses Sublayer: out = wrap(x + after(f(before(x)))).
+  auto run = [&](Sublayer& sub, const float* d_out, auto&& f_backward) -> float* {
+    const float* ds = d_out;
+    if (sub.wrap) {
+      float* t = arena.alloc_zeroed(size);
+      sub.wrap->backward(store, d_out, t, n);
+      ds = t;
+    }
+    float* dx = arena.alloc(size);
+    std::memcpy(dx, ds, size * sizeof(float));  // the residual path
+    const float* dy = ds;
+    if (sub.after) {
+      float* t = arena.alloc_zeroed(size);
+      sub.after->backward(store, ds, t, n);
+      dy = t;
+    }
+    if (sub.before) {
+      float* d_in = arena.alloc_zeroed(size);
+      f_backward(dy, d_in);
+      sub.before->backward(store, d_in, dx, n);
+    } else {
+      f_backward(dy, dx);
+    }
+    return dx;
+  };
+  float* dx1 = run(mlp_norms_, dout, [&](const float* dy, float* dx) { mlp_.backward(store, arena, dy, dx, n); });
+  return run(attn_norms_, dx1, [&](const float* dy, float* dx) { attention_.backward(store, arena, dy, dx, s); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// TransformerModel
+
+TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
+  if (spec.attention.kind == arch::AttentionKind::Mla || spec.moe.enabled) {
+    throw Error(spec.source, "model_type",
+                "keel can inspect " + spec.model_type + " but cannot train MLA or MoE blocks yet");
+  }
+  const bool gpt2 = spec.family == arch::Family::Gpt2;
+  const int64_t h = spec.hidden_size;
+  embed_ = store_.add(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {spec.vocab_size, h}, Init::Normal,
+                      false);
+  if (gpt2) {
+    positions_ = store_.add("transformer.wpe.weight", {spec.max_position_embeddings, h}, Init::Normal, false);
+  } else {
+    rope_ = kernels::make_rope_table(spec.attention.rope.theta, spec.attention.rope.rotary_dim,
+                                     spec.max_position_embeddings, spec.attention.rope.scaling);
+  }
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    blocks_.push_back(std::make_unique<Block>(store_, spec, l, gpt2 ? nullptr : &rope_));
+  }
+  if (spec.has_final_norm()) {
+    final_norm_.emplace(store_, gpt2 ? "transformer.ln_f" : "model.norm", h, spec.norm, static_cast<float>(spec.norm_eps));
+  }
+  if (!spec.tie_word_embeddings) lm_head_ = store_.add("lm_head.weight", {spec.vocab_size, h}, Init::Normal, true, false);
+  store_.finalize();
+  max_logits_.assign(static_cast<size_t>(spec.num_layers * spec.attention.num_heads),
+                     -std::numeric_limits<float>::infinity());
+}
+
+void TransformerModel::initialize(uint64_t seed) {
+  store_.initialize(seed, static_cast<float>(spec_.initializer_range));
+}
+
+const float* TransformerModel::lm_head_weight() const {
+  return store_.data(lm_head_.valid() ? lm_head_ : embed_);
+}
+
+float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s) {
+  KEEL_CHECK(s.seq <= spec_.max_position_embeddings);
+  arena_.reset();
+  tokens_ = tokens;
+  const int64_t n = s.tokens(), h = spec_.hidden_size;
+  float* x = arena_.alloc(static_cast<size_t>(n * h));
+  kernels::embedding_forward(tokens, store_.data(embed_), x, n, h);
+  if (positions_.valid()) {
+    const float* wpe = store_.data(positions_);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* p = wpe + (i % s.seq) * h;
+      for (int64_t c = 0; c < h; ++c) x[i * h + c] += p[c];
+    }
+  }
+  std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
+  const int64_t heads = spec_.attention.num_heads;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    x = blocks_[l]->forward(store_, arena_, x, s, max_logits_.data() + l * heads);
+  }
+  last_block_out_ = x;
+  return final_norm_ ? final_norm_->forward(store_, arena_, x, n) : x;
+}
+
+LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                                            float grad_scale) {
+  StepShape s{batch, seq};
+  const int64_t n = s.tokens(), h = spec_.hidden_size;
+  const size_t size = static_cast<size_t>(n * h);
+  float* hf = forward_hidden(tokens, s);
+  float* dhf = arena_.alloc_zeroed(size);
+  float* dw = store_.grad(lm_head_.valid() ? lm_head_ : embed_);
+  auto r = kernels::lm_head_cross_entropy(hf, lm_head_weight(), targets, n, h, spec_.vocab_size,
+                                          static_cast<float>(spec_.z_loss), static_cast<float>(spec_.final_softcap),
+                                          grad_scale, dhf, dw);
+  float* dx = dhf;
+  if (final_norm_) {
+    dx = arena_.alloc_zeroed(size);
+    final_norm_->backward(store_, dhf, dx, n);
+  }
+  for (size_t l = blocks_.size(); l-- > 0;) dx = blocks_[l]->backward(store_, arena_, dx, s);
+  kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h);
+  if (positions_.valid()) {
+    float* dwpe = store_.grad(positions_);
+    // Positions are shared by the batch; loop over positions outside so threads never collide.
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < seq; ++t) {
+      for (int64_t b = 0; b < batch; ++b) {
+        const float* d = dx + (b * seq + t) * h;
+        for (int64_t c = 0; c < h; ++c) dwpe[t * h + c] += d[c];
+      }
+    }
+  }
+  return {r.ce_sum, r.z_sum, r.count};
+}
+
+LossSums TransformerModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
+  StepShape s{batch, seq};
+  float* hf = forward_hidden(tokens, s);
+  auto r = kernels::lm_head_cross_entropy(hf, lm_head_weight(), targets, s.tokens(), spec_.hidden_size,
+                                          spec_.vocab_size, static_cast<float>(spec_.z_loss),
+                                          static_cast<float>(spec_.final_softcap), 1.0f, nullptr, nullptr);
+  return {r.ce_sum, r.z_sum, r.count};
+}
+
+void TransformerModel::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits) {
+  StepShape s{batch, seq};
+  float* hf = forward_hidden(tokens, s);
+  kernels::lm_head_logits(hf, lm_head_weight(), logits, s.tokens(), spec_.hidden_size, spec_.vocab_size,
+                          static_cast<float>(spec_.final_softcap));
+}
+
+}  // namespace keel::nn

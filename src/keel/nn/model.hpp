@@ -1,0 +1,81 @@
+#pragma once
+// A decoder-only transformer built from a ModelSpec: embeddings, a stack of blocks (attention
+// and MLP sublayers with the configured norm placement), optional final norm, and the LM head
+// fused with the cross-entropy loss. Parameters carry their HF names.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "keel/arch/model_spec.hpp"
+#include "keel/core/arena.hpp"
+#include "keel/kernels/rope.hpp"
+#include "keel/nn/modules.hpp"
+#include "keel/nn/parameters.hpp"
+
+namespace keel::nn {
+
+struct LossSums {
+  double ce_sum = 0;   // Σ cross-entropy over predicted positions
+  double z_sum = 0;    // Σ logsumexp² over the same positions
+  int64_t count = 0;   // predicted positions (targets != -1)
+  double mean_ce() const { return count ? ce_sum / static_cast<double>(count) : 0.0; }
+};
+
+class Block {
+ public:
+  Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope);
+  float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
+  // dout: (n, hidden) -> returns dx (n, hidden) from the arena.
+  float* backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
+
+ private:
+  int64_t hidden_;
+  Sublayer attn_norms_, mlp_norms_;
+  Attention attention_;
+  Mlp mlp_;
+};
+
+class TransformerModel {
+ public:
+  // Throws keel::Error for families keel cannot train yet (MLA, MoE).
+  explicit TransformerModel(const arch::ModelSpec& spec);
+
+  const arch::ModelSpec& spec() const { return spec_; }
+  ParameterStore& parameters() { return store_; }
+  const ParameterStore& parameters() const { return store_; }
+
+  // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
+  void initialize(uint64_t seed);
+
+  // tokens, targets: (batch, seq) row-major; target -1 = not predicted.
+  // Forward and backward: accumulates into the parameter gradients the gradient of
+  //   grad_scale * (Σ CE + z_loss * Σ logZ²).
+  LossSums forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, float grad_scale);
+  // Forward only.
+  LossSums forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  // logits: (batch, seq, vocab).
+  void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
+
+  // Per layer and query head, the max scaled pre-softmax logit of the last forward: (layers, heads).
+  const std::vector<float>& max_logits() const { return max_logits_; }
+  size_t activation_capacity_bytes() const { return arena_.capacity_floats() * sizeof(float); }
+
+ private:
+  // Embeddings and blocks; returns the final hidden states (after the final norm, if any).
+  float* forward_hidden(const int32_t* tokens, const StepShape& s);
+  const float* lm_head_weight() const;
+
+  arch::ModelSpec spec_;
+  ParameterStore store_;
+  kernels::RopeTable rope_;
+  ParamRef embed_, positions_, lm_head_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::optional<Norm> final_norm_;
+  Arena arena_;
+  std::vector<float> max_logits_;
+  const int32_t* tokens_ = nullptr;
+  float* last_block_out_ = nullptr;
+};
+
+}  // namespace keel::nn

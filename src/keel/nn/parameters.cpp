@@ -1,0 +1,73 @@
+#include "keel/nn/parameters.hpp"
+
+#include "keel/core/error.hpp"
+#include "keel/core/rng.hpp"
+
+namespace keel::nn {
+
+ParamRef ParameterStore::add(const std::string& name, std::vector<int64_t> shape, Init init, bool weight_decay,
+                             bool matrix) {
+  KEEL_CHECK(!finalized_);
+  KEEL_CHECK(!index_.contains(name));
+  ParamInfo info;
+  info.name = name;
+  info.numel = 1;
+  for (int64_t d : shape) info.numel *= d;
+  info.shape = std::move(shape);
+  // Keep each tensor 64-byte aligned so kernels see aligned rows.
+  info.offset = (total_ + 15) / 16 * 16;
+  info.init = init;
+  info.weight_decay = weight_decay;
+  info.matrix = matrix;
+  total_ = info.offset + info.numel;
+  index_[name] = entries_.size();
+  entries_.push_back(info);
+  return {info.offset, info.numel};
+}
+
+void ParameterStore::finalize() {
+  KEEL_CHECK(!finalized_);
+  values_.resize(static_cast<size_t>(total_));
+  grads_.resize(static_cast<size_t>(total_));
+  finalized_ = true;
+}
+
+const ParamInfo* ParameterStore::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+float* ParameterStore::data(const std::string& name) {
+  const ParamInfo* p = find(name);
+  KEEL_CHECK(p != nullptr);
+  return values_.data() + p->offset;
+}
+
+float* ParameterStore::grad(const std::string& name) {
+  const ParamInfo* p = find(name);
+  KEEL_CHECK(p != nullptr);
+  return grads_.data() + p->offset;
+}
+
+void ParameterStore::initialize(uint64_t seed, float std) {
+  KEEL_CHECK(finalized_);
+  values_.zero();
+  for (const ParamInfo& p : entries_) {
+    float* v = values_.data() + p.offset;
+    switch (p.init) {
+      case Init::Normal: {
+        const uint64_t stream = stable_hash(p.name);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = std * normal_at(seed, stream, static_cast<uint64_t>(i));
+        break;
+      }
+      case Init::Ones:
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = 1.0f;
+        break;
+      case Init::Zeros:
+        break;
+    }
+  }
+}
+
+}  // namespace keel::nn

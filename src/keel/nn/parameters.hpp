@@ -1,0 +1,67 @@
+#pragma once
+// The parameter store: every parameter is registered once as {HF name, shape}; values, gradients
+// and optimizer state live in one flat buffer each and share the same offsets. Modules keep a
+// ParamRef; everything else (safetensors I/O, optimizers, monitors) addresses parameters by name.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/core/arena.hpp"
+
+namespace keel::nn {
+
+enum class Init { Normal, Ones, Zeros };
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+  Init init = Init::Normal;
+  bool weight_decay = false;  // AdamW default: matrices decay; norms, biases, embeddings do not
+  bool matrix = false;        // a 2-D hidden weight (Muon candidate)
+};
+
+struct ParamRef {
+  int64_t offset = -1;
+  int64_t numel = 0;
+  bool valid() const { return offset >= 0; }
+};
+
+class ParameterStore {
+ public:
+  ParamRef add(const std::string& name, std::vector<int64_t> shape, Init init, bool weight_decay, bool matrix = false);
+  // Allocates values and gradients (zeroed). No add() after this.
+  void finalize();
+  bool finalized() const { return finalized_; }
+
+  float* data(ParamRef r) { return values_.data() + r.offset; }
+  const float* data(ParamRef r) const { return values_.data() + r.offset; }
+  float* grad(ParamRef r) { return grads_.data() + r.offset; }
+
+  const ParamInfo* find(const std::string& name) const;
+  float* data(const std::string& name);
+  float* grad(const std::string& name);
+
+  const std::vector<ParamInfo>& entries() const { return entries_; }
+  std::span<float> values() { return values_.span(); }
+  std::span<const float> values() const { return values_.span(); }
+  std::span<float> grads() { return grads_.span(); }
+  int64_t size() const { return total_; }
+  void zero_grad() { grads_.zero(); }
+
+  // Deterministic init: normal(0, std) for Init::Normal, keyed by (seed, name), so a parameter's
+  // values do not depend on which other parameters exist.
+  void initialize(uint64_t seed, float std);
+
+ private:
+  std::vector<ParamInfo> entries_;
+  std::unordered_map<std::string, size_t> index_;
+  FloatBuffer values_, grads_;
+  int64_t total_ = 0;
+  bool finalized_ = false;
+};
+
+}  // namespace keel::nn

@@ -1,0 +1,36 @@
+#pragma once
+// AdamW with decoupled weight decay (Loshchilov & Hutter, ICLR 2019), step for step what
+// torch.optim.AdamW computes: p ← p·(1 − lr·wd), then the bias-corrected Adam update.
+// Decay applies to the parameters the store marks (matrices), not to norms, biases, embeddings.
+#include <cstdint>
+
+#include "keel/core/arena.hpp"
+#include "keel/nn/parameters.hpp"
+
+namespace keel::optim {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+class AdamW {
+ public:
+  AdamW(const nn::ParameterStore& store, AdamWConfig config);
+  // One update of every parameter from the store's gradients at learning rate lr.
+  void step(nn::ParameterStore& store, float lr);
+  int64_t steps_taken() const { return step_; }
+  const AdamWConfig& config() const { return config_; }
+  FloatBuffer& first_moment() { return m_; }
+  FloatBuffer& second_moment() { return v_; }
+  void set_steps_taken(int64_t s) { step_ = s; }
+
+ private:
+  AdamWConfig config_;
+  FloatBuffer m_, v_;
+  int64_t step_ = 0;
+};
+
+}  // namespace keel::optim
