@@ -1,0 +1,413 @@
+#!/usr/bin/python3
+"""Writes keel's level-2 reference fixtures: tiny models of each dense family computed in
+float64 with tools/reference_model.py (HF transformers semantics), stored as F32.
+
+    /usr/bin/python3 tools/make_fixtures.py [--out tests/fixtures] [--only NAME ...]
+
+Deterministic: the same torch version writes byte-identical files. See tests/fixtures/README.md
+for the format. Self-checks run before anything is written (finite differences against
+autograd, llama3 RoPE against a hand computation, the optimizer against torch.optim.AdamW and
+clip_grad_norm_, the safetensors reader against the writer, and, when a keel binary is found,
+parameter counts against `keel inspect --json`).
+"""
+
+import argparse
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import zlib
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_model as rm  # noqa: E402
+import safetensors_py as st  # noqa: E402
+
+FORMAT_VERSION = "1"
+BATCH, SEQ = 2, 9
+LR, BETAS, ADAM_EPS, WEIGHT_DECAY, MAX_GRAD_NORM, STEPS = 1e-2, (0.9, 0.95), 1e-8, 0.1, 1.0, 3
+DT = torch.float64
+
+# Default init (std of a normal draw, per tensor kind). Norm weights 1 + 0.1 N(0,1).
+INIT = {"linear": 0.15, "conv1d": 0.15, "embedding": 0.15, "bias": 0.1, "norm_weight": 0.1, "norm_bias": 0.1}
+
+# ---- fixture configs: the families' tiny configs (configs/tiny/*.json) shrunk to hidden 32 and
+# vocab 64 so that each fixture stays small, keeping what distinguishes each family. ----
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "intermediate_size": 88,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 2048,
+    "vocab_size": 64,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    # head_dim 8: wavelengths 6.3 (high band, kept), 167 (medium band, smoothed), 4443 and
+    # 1.2e5 (low band, divided by 8) -- all three llama3 branches are exercised.
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 256, "rope_type": "llama3"},
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.02,
+}
+
+
+def llama_variant(keel=None, **over):
+    c = copy.deepcopy(LLAMA)
+    c.update(over)
+    if keel:
+        c["keel"] = keel
+    return c
+
+
+FIXTURES = {
+    "gpt2": {
+        "config": {"model_type": "gpt2", "activation_function": "gelu_new", "n_embd": 32, "n_head": 4,
+                   "n_layer": 2, "n_positions": 16, "vocab_size": 64, "layer_norm_epsilon": 1e-05,
+                   "initializer_range": 0.02},
+    },
+    "llama": {"config": llama_variant()},
+    "mistral": {
+        # MQA (1 kv head) and head_dim 12 != hidden / heads = 8.
+        "config": {"model_type": "mistral", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 80,
+                   "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 12, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-05,
+                   "rope_theta": 10000.0, "tie_word_embeddings": False, "initializer_range": 0.02},
+    },
+    "qwen2": {
+        # q/k/v biases (always), no o_proj bias, tied embeddings, MHA.
+        "config": {"model_type": "qwen2", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 96,
+                   "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06,
+                   "rope_theta": 1000000.0, "tie_word_embeddings": True, "initializer_range": 0.02},
+    },
+    "qwen3": {
+        # QK-Norm, GQA 4/2, head_dim 16 != hidden / heads = 8, tied.
+        "config": {"model_type": "qwen3", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 96,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06,
+                   "rope_theta": 1000000, "attention_bias": False, "tie_word_embeddings": True,
+                   "initializer_range": 0.02},
+    },
+    "llama_layernorm_post": {
+        "config": llama_variant({"norm": "layernorm", "norm_placement": "post"}),
+        # Post-norm feeds the raw embedding to layer 0's attention: draw it at unit scale so
+        # that attention is not near-uniform there.
+        "init_override": {"model.embed_tokens.weight": 1.0},
+    },
+    "llama_sandwich": {"config": llama_variant({"norm": "rmsnorm", "norm_placement": "sandwich"})},
+    "llama_qknorm_bias": {"config": llama_variant({"qk_norm": True, "qkv_bias": True})},
+    "llama_caps_zloss": {
+        "config": llama_variant({"attn_softcap": 20.0, "final_softcap": 15.0, "z_loss": 1e-3}),
+        # Larger q/k and lm_head draws so that both soft-caps bend values noticeably: about 20% of
+        # the unmasked attention logits exceed 10 in magnitude (max ~38 before the cap of 20),
+        # and about 16% of the output logits exceed 7.5 (max ~18 before the cap of 15).
+        "init_override": {"self_attn.q_proj.weight": 0.5, "self_attn.k_proj.weight": 0.5, "lm_head.weight": 1.0},
+    },
+    "llama_geglu": {"config": llama_variant(hidden_act="gelu")},
+    "llama_relu": {"config": llama_variant(hidden_act="relu", tie_word_embeddings=True)},
+}
+
+
+def fixture_seed(name):
+    return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
+
+
+def init_params(layout, gen, override):
+    params, decay = {}, {}
+    for name, shape, kind in layout:
+        std = INIT[kind]
+        for suffix, v in (override or {}).items():
+            if name.endswith(suffix):
+                std = v
+        z = torch.randn(shape, generator=gen, dtype=DT)
+        params[name] = 1.0 + std * z if kind == "norm_weight" else std * z
+        decay[name] = rm.decays(name, shape, kind)
+    return params, decay
+
+
+def loss_grads(s, params, tokens):
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    loss, ce, logits, max_logit = rm.loss_and_stats(s, leaves, tokens)
+    names = list(leaves)
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names])
+    return loss.detach(), ce.detach(), logits.detach(), max_logit.detach(), dict(zip(names, grads))
+
+
+def train(s, params, decay, tokens):
+    p = {k: v.clone() for k, v in params.items()}
+    opt = rm.AdamW(LR, BETAS, ADAM_EPS, WEIGHT_DECAY)
+    losses = []
+    for _ in range(STEPS):
+        loss, _, _, _, grads = loss_grads(s, p, tokens)
+        losses.append(loss.item())
+        rm.clip_grad_norm([grads[n] for n in p], MAX_GRAD_NORM)
+        opt.step(p, grads, decay)
+    return losses, p
+
+
+# ---------------------------------------- self-checks ----------------------------------------
+
+def check_finite_differences(name, s, params, tokens, grads, gen, h=1e-5):
+    """Central differences on one random element of every parameter tensor."""
+    worst = 0.0
+    for n in params:
+        flat = params[n].view(-1)
+        j = int(torch.randint(flat.numel(), (1,), generator=gen))
+        old = flat[j].item()
+        flat[j] = old + h
+        lp = rm.loss_and_stats(s, params, tokens)[0].item()
+        flat[j] = old - h
+        lm = rm.loss_and_stats(s, params, tokens)[0].item()
+        flat[j] = old
+        fd = (lp - lm) / (2 * h)
+        ad = grads[n].view(-1)[j].item()
+        err = abs(fd - ad) / max(1e-3, abs(ad))
+        worst = max(worst, err)
+        assert err < 1e-6, f"{name}: finite difference mismatch on {n}[{j}]: fd {fd} vs autograd {ad}"
+    return worst
+
+
+def check_attention_naive(name, s, params, tokens):
+    """Layer-0 attention of a decoder family against a loop-per-head, per-position version that
+    rotates each pair (i, i + hd/2) by position * inv_freq[i] and maps query head h to kv head
+    h // (heads / kv_heads), independent of rotate_half / repeat_kv."""
+    B, T = tokens.shape
+    p = params
+    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"])
+    if s["placement"] != "post":
+        x = rm.apply_norm(s, p, "model.layers.0.input_layernorm", x)
+    cos, sin = rm.rope_cos_sin(s, T)
+    want = rm.decoder_attention(s, p, "model.layers.0.self_attn", x, cos, sin, None)
+    nh, nkv, hd = s["heads"], s["kv_heads"], s["head_dim"]
+    inv = rm.rope_inv_freq(s)
+    pre = "model.layers.0.self_attn."
+
+    def lin(n, v):
+        y = p[pre + n + ".weight"] @ v
+        return y + p[pre + n + ".bias"] if pre + n + ".bias" in p else y
+
+    def rot(v, pos):
+        out = v.clone()
+        for i in range(hd // 2):
+            c, sn = math.cos(pos * inv[i].item()), math.sin(pos * inv[i].item())
+            out[i] = v[i] * c - v[i + hd // 2] * sn
+            out[i + hd // 2] = v[i + hd // 2] * c + v[i] * sn
+        return out
+
+    def head_vec(n, b, t, h):
+        v = lin(n, x[b, t])[h * hd:(h + 1) * hd]
+        if s["qk_norm"] and n in ("q_proj", "k_proj"):
+            w = p[pre + ("q_norm" if n == "q_proj" else "k_norm") + ".weight"]
+            v = w * v / torch.sqrt((v * v).mean() + s["eps"])
+        return v
+
+    got = torch.zeros_like(want)
+    for b in range(B):
+        for t in range(T):
+            heads = []
+            for h in range(nh):
+                g = h // (nh // nkv)
+                q = rot(head_vec("q_proj", b, t, h), t)
+                sc = torch.stack([rot(head_vec("k_proj", b, u, g), u) @ q / math.sqrt(hd) for u in range(t + 1)])
+                if s["attn_softcap"]:
+                    sc = s["attn_softcap"] * torch.tanh(sc / s["attn_softcap"])
+                w = torch.softmax(sc, 0)
+                heads.append(sum(w[u] * head_vec("v_proj", b, u, g) for u in range(t + 1)))
+            got[b, t] = lin("o_proj", torch.cat(heads))
+    err = (got - want).abs().max().item()
+    assert err < 1e-12, f"{name}: naive attention differs by {err}"
+    return err
+
+
+def check_llama3_rope():
+    """Hand computation of _compute_llama3_parameters for the llama fixture config."""
+    cfg = FIXTURES["llama"]["config"]
+    s = rm.resolve(cfg)
+    sc = cfg["rope_scaling"]
+    d, theta = s["head_dim"], cfg["rope_theta"]
+    lo_wl = sc["original_max_position_embeddings"] / sc["low_freq_factor"]
+    hi_wl = sc["original_max_position_embeddings"] / sc["high_freq_factor"]
+    expect, bands = [], set()
+    for i in range(d // 2):
+        f = 1.0 / theta ** (2 * i / d)
+        wl = 2 * math.pi / f
+        if wl < hi_wl:
+            bands.add("high")
+            expect.append(f)
+        elif wl > lo_wl:
+            bands.add("low")
+            expect.append(f / sc["factor"])
+        else:
+            bands.add("medium")
+            a = (sc["original_max_position_embeddings"] / wl - sc["low_freq_factor"]) / (
+                sc["high_freq_factor"] - sc["low_freq_factor"])
+            expect.append((1 - a) * f / sc["factor"] + a * f)
+    got = rm.rope_inv_freq(s).tolist()
+    assert bands == {"high", "medium", "low"}, bands
+    for g, e in zip(got, expect):
+        assert abs(g - e) <= 1e-15 * abs(e), (got, expect)
+    return got
+
+
+def check_optimizer_against_torch(s, params, decay, tokens, mine):
+    """Our AdamW + clipping against torch.optim.AdamW + torch.nn.utils.clip_grad_norm_."""
+    leaves = {k: torch.nn.Parameter(v.clone()) for k, v in params.items()}
+    groups = [{"params": [leaves[n] for n in leaves if decay[n]], "weight_decay": WEIGHT_DECAY},
+              {"params": [leaves[n] for n in leaves if not decay[n]], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=ADAM_EPS, foreach=False)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = rm.loss_and_stats(s, leaves, tokens)[0]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(leaves.values()), MAX_GRAD_NORM)
+        opt.step()
+    worst = max((leaves[n].detach() - mine[n]).abs().max().item() for n in leaves)
+    assert worst < 1e-12, worst
+    return worst
+
+
+def find_keel():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for sub in ("build/release/keel", "build/ref/keel", "build/debug/keel"):
+        path = os.path.join(root, sub)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def check_against_keel(keel, path, s, layout):
+    out = subprocess.run([keel, "inspect", "--json", path], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"keel inspect failed on {path}: {out.stderr}")
+    info = json.loads(out.stdout)
+    total = sum(math.prod(shape) for _, shape, _ in layout)
+    arch = info["architecture"]
+    assert info["params"]["total"] == total, (path, info["params"]["total"], total)
+    assert info["params"]["tensors"] == len(layout), (path, info["params"]["tensors"], len(layout))
+    att = arch["attention"]
+    assert att["head_dim"] == s["head_dim"] and att["num_heads"] == s["heads"], att
+    assert att["num_kv_heads"] == s["kv_heads"], att
+    if s["family"] != "gpt2":
+        assert att["qkv_bias"] == s["qkv_bias"] and att["o_bias"] == s["o_bias"], att
+        assert att["qk_norm"] == s["qk_norm"], att
+        assert arch["norm"]["placement"] == s["placement"], arch["norm"]
+    assert arch["tie_word_embeddings"] == s["tie"], arch
+    return total
+
+
+# ------------------------------------------ main ------------------------------------------
+
+def zero_grad_by_symmetry(s):
+    """Flat element ranges [begin, end) whose gradient is exactly zero in exact arithmetic, so
+    that AdamW (which normalizes by sqrt(v) + 1e-8) turns fp32 rounding noise there into
+    updates of up to lr per step: GPT-2's key bias (columns H..2H of c_attn.bias) adds q.b_k,
+    the same constant to every score of a query row, which softmax ignores. (With RoPE the key
+    bias is rotated by position, so decoder families have no such elements.)"""
+    if s["family"] != "gpt2":
+        return {}
+    H = s["hidden"]
+    return {f"transformer.h.{l}.attn.c_attn.bias": [H, 2 * H] for l in range(s["layers"])}
+
+
+def build(name, spec):
+    cfg = spec["config"]
+    s = rm.resolve(cfg)
+    layout = rm.tensor_layout(s)
+    seed = fixture_seed(name)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, s["vocab"], (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    params, decay = init_params(layout, gen, spec.get("init_override"))
+    loss, ce, logits, max_logit, grads = loss_grads(s, params, tokens)
+    losses, final = train(s, params, decay, tokens)
+    assert abs(losses[0] - loss.item()) < 1e-12
+
+    f32 = lambda t: t.detach().to(torch.float32).contiguous().numpy()  # noqa: E731
+    tensors = {"tokens": tokens.numpy(), "logits": f32(logits), "loss": f32(loss.reshape(1)),
+               "ce": f32(ce.reshape(1)), "max_logit": f32(max_logit),
+               "step_losses": f32(torch.tensor(losses, dtype=DT))}
+    if s["rope"] is not None:
+        tensors["inv_freq"] = f32(rm.rope_inv_freq(s))
+    for n, _, _ in layout:
+        tensors["param." + n] = f32(params[n])
+        tensors["grad." + n] = f32(grads[n])
+        tensors["step3." + n] = f32(final[n])
+    metadata = {
+        "format": "keel-reference", "format_version": FORMAT_VERSION, "fixture": name,
+        "family": s["family"], "torch_version": torch.__version__, "compute_dtype": "float64",
+        "stored_dtype": "F32", "batch": str(BATCH), "seq": str(SEQ), "seed": str(seed),
+        "optimizer": "adamw", "lr": repr(LR), "beta1": repr(BETAS[0]), "beta2": repr(BETAS[1]),
+        "adam_eps": repr(ADAM_EPS), "weight_decay": repr(WEIGHT_DECAY),
+        "weight_decay_rule": "2-D tensors except embeddings (model.embed_tokens, transformer.wte, transformer.wpe)",
+        "max_grad_norm": repr(MAX_GRAD_NORM), "clip_eps": "1e-06", "steps": str(STEPS),
+        "z_loss": repr(s["z_loss"]), "attn_softcap": repr(s["attn_softcap"]),
+        "final_softcap": repr(s["final_softcap"]),
+        "decay_params": ",".join(n for n, _, _ in layout if decay[n]),
+        "config": json.dumps(cfg, sort_keys=True),
+        "zero_grad_by_symmetry": json.dumps(zero_grad_by_symmetry(s)),
+    }
+    return cfg, s, layout, params, tokens, grads, tensors, metadata, decay, final
+
+
+def diagnostics(s, params, tokens, logits, max_logit):
+    p = {k: v for k, v in params.items()}
+    s2 = dict(s, final_softcap=0.0, attn_softcap=0.0)
+    raw_logits, raw_ml = rm.forward(s2, p, tokens)
+    return (f"max|logit| {raw_logits.abs().max().item():.2f} (stored {logits.abs().max().item():.2f}), "
+            f"max attn logit {max_logit.max().item():.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                  "tests", "fixtures"))
+    ap.add_argument("--only", nargs="*", help="fixture names (default: all)")
+    ap.add_argument("--no-keel", action="store_true", help="skip the cross-check against keel inspect")
+    args = ap.parse_args()
+    torch.set_grad_enabled(True)
+
+    inv = check_llama3_rope()
+    print(f"llama3 rope inv_freq matches the hand computation: {[f'{x:.6g}' for x in inv]}")
+    keel = None if args.no_keel else find_keel()
+
+    names = args.only or list(FIXTURES)
+    for name in names:
+        cfg, s, layout, params, tokens, grads, tensors, metadata, decay, final = build(name, FIXTURES[name])
+        gen = torch.Generator().manual_seed(fixture_seed(name) ^ 0x5EED)
+        fd = check_finite_differences(name, s, {k: v.clone() for k, v in params.items()}, tokens, grads, gen)
+        if s["family"] != "gpt2":
+            check_attention_naive(name, s, params, tokens)
+        if name == "llama":
+            check_optimizer_against_torch(s, params, decay, tokens, final)
+        d = os.path.join(args.out, name)
+        os.makedirs(d, exist_ok=True)
+        cpath = os.path.join(d, "config.json")
+        with open(cpath, "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        path = os.path.join(d, "reference.safetensors")
+        st.save_file(tensors, path, metadata)
+        back, meta = st.load_file(path)
+        assert meta == metadata and set(back) == set(tensors)
+        for k, v in tensors.items():
+            assert back[k].dtype == v.dtype and back[k].shape == v.shape and (back[k] == v).all(), k
+        extra = ""
+        if keel:
+            extra = f", keel inspect agrees ({check_against_keel(keel, cpath, s, layout)} params)"
+        print(f"{name:22s} loss {tensors['loss'][0]:.5f} ce {tensors['ce'][0]:.5f} "
+              f"steps {[round(float(x), 5) for x in tensors['step_losses']]} | "
+              f"{diagnostics(s, params, tokens, torch.from_numpy(tensors['logits']), torch.from_numpy(tensors['max_logit']))} | "
+              f"fd rel err {fd:.1e} | {os.path.getsize(path) // 1024} KiB{extra}")
+    if keel is None and not args.no_keel:
+        print("note: no keel binary found under build/; skipped the keel inspect cross-check")
+
+
+if __name__ == "__main__":
+    main()

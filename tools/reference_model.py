@@ -1,0 +1,472 @@
+"""Reference implementations of keel's dense families, in plain PyTorch, following Hugging Face
+transformers' modeling code line by line (transformers itself is not a dependency).
+
+Every block below names the transformers function it reproduces. Everything runs in whatever
+dtype the parameters have; make_fixtures.py uses torch.float64 so that the fixtures hold the
+exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-ops).
+
+Families: gpt2, llama, mistral, qwen2, qwen3, plus keel's variants declared by the optional
+"keel" object in config.json: norm (rmsnorm|layernorm), norm_placement (pre|post|sandwich),
+qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap.
+
+Parameters are a dict {hf_name: tensor} with exactly the names and shapes of the HF
+checkpoints (and of keel's src/keel/arch/hf_tensors.cpp).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+# --------------------------------------------------------------------------------------------
+# Config -> resolved architecture (mirrors keel's ModelSpec and each family's Config class)
+# --------------------------------------------------------------------------------------------
+
+# transformers Config defaults that matter here.
+_FAMILY_DEFAULTS = {
+    # model_type: (rms_norm_eps default, rope_theta default, tie default, head_dim default or None)
+    "llama": (1e-6, 10000.0, False, None),     # LlamaConfig
+    "mistral": (1e-6, 10000.0, False, None),   # MistralConfig
+    "qwen2": (1e-6, 10000.0, False, None),     # Qwen2Config
+    "qwen3": (1e-6, 10000.0, False, 128),      # Qwen3Config.head_dim = 128
+}
+
+
+def resolve(cfg):
+    """Returns a dict describing the architecture that HF (and keel) derive from config.json."""
+    mt = cfg["model_type"]
+    keel = cfg.get("keel") or {}
+    s = {"family": mt}
+    if mt == "gpt2":
+        # GPT2Config: n_embd, n_head, n_layer, n_positions, n_inner (None -> 4 * n_embd),
+        # activation_function (default gelu_new), layer_norm_epsilon; lm_head always tied.
+        H = cfg["n_embd"]
+        s.update(
+            hidden=H, heads=cfg["n_head"], kv_heads=cfg["n_head"], head_dim=H // cfg["n_head"],
+            layers=cfg["n_layer"], vocab=cfg["vocab_size"], positions=cfg["n_positions"],
+            inter=cfg.get("n_inner") or 4 * H, act=cfg.get("activation_function", "gelu_new"),
+            eps=cfg.get("layer_norm_epsilon", 1e-5), norm="layernorm", placement="pre",
+            tie=True, qk_norm=False, qkv_bias=True, o_bias=True, mlp_bias=True, gated=False,
+            rope=None, scale_attn_by_inverse_layer_idx=cfg.get("scale_attn_by_inverse_layer_idx", False),
+        )
+        s.update(z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
+                 final_softcap=float(keel.get("final_softcap", 0.0)))
+        return s
+
+    if mt not in _FAMILY_DEFAULTS:
+        raise ValueError(f"unsupported model_type {mt}")
+    eps_d, theta_d, tie_d, hd_d = _FAMILY_DEFAULTS[mt]
+    H = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or (hd_d if hd_d else H // heads)
+    attention_bias = bool(cfg.get("attention_bias", False))
+    if mt == "llama":      # LlamaAttention: q,k,v,o all use bias=config.attention_bias
+        qkv_bias, o_bias = attention_bias, attention_bias
+        mlp_bias = bool(cfg.get("mlp_bias", False))   # LlamaMLP: bias=config.mlp_bias
+    elif mt == "mistral":  # MistralAttention: no biases
+        qkv_bias, o_bias, mlp_bias = False, False, False
+    elif mt == "qwen2":    # Qwen2Attention: q,k,v bias=True, o_proj bias=False
+        qkv_bias, o_bias, mlp_bias = True, False, False
+    else:                  # Qwen3Attention: q,k,v,o bias=config.attention_bias
+        qkv_bias, o_bias, mlp_bias = attention_bias, attention_bias, False
+    qk_norm = mt == "qwen3"  # Qwen3Attention.q_norm / k_norm
+    if "qkv_bias" in keel:   # keel: switches only q, k, v biases
+        qkv_bias = bool(keel["qkv_bias"])
+    if "qk_norm" in keel:
+        qk_norm = bool(keel["qk_norm"])
+    s.update(
+        hidden=H, heads=heads, kv_heads=kv, head_dim=head_dim, layers=cfg["num_hidden_layers"],
+        vocab=cfg["vocab_size"], inter=cfg["intermediate_size"], act=cfg.get("hidden_act", "silu"),
+        eps=float(cfg.get("rms_norm_eps", eps_d)), norm=keel.get("norm", "rmsnorm"),
+        placement=keel.get("norm_placement", "pre"), tie=bool(cfg.get("tie_word_embeddings", tie_d)),
+        qk_norm=qk_norm, qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, gated=True,
+        rope={"theta": float(cfg.get("rope_theta", theta_d)), "scaling": cfg.get("rope_scaling")},
+        z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
+        final_softcap=float(keel.get("final_softcap", 0.0)),
+    )
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor layout (names, shapes, kinds) -- mirrors keel's hf_tensors.cpp LayoutBuilder
+# --------------------------------------------------------------------------------------------
+# kind: "embedding" | "linear" ([out, in]) | "conv1d" ([in, out], GPT-2) | "norm_weight" |
+#       "norm_bias" | "bias"
+
+def tensor_layout(s):
+    out = []
+
+    def add(name, shape, kind):
+        out.append((name, tuple(shape), kind))
+
+    def norm(prefix, dim):
+        add(prefix + ".weight", [dim], "norm_weight")
+        if s["norm"] == "layernorm":
+            add(prefix + ".bias", [dim], "norm_bias")
+
+    def linear(prefix, o, i, bias):
+        add(prefix + ".weight", [o, i], "linear")
+        if bias:
+            add(prefix + ".bias", [o], "bias")
+
+    H, V = s["hidden"], s["vocab"]
+    if s["family"] == "gpt2":
+        W = s["inter"]
+        add("transformer.wte.weight", [V, H], "embedding")
+        add("transformer.wpe.weight", [s["positions"], H], "embedding")
+        for l in range(s["layers"]):
+            p = f"transformer.h.{l}"
+            norm(p + ".ln_1", H)
+            add(p + ".attn.c_attn.weight", [H, 3 * H], "conv1d")
+            add(p + ".attn.c_attn.bias", [3 * H], "bias")
+            add(p + ".attn.c_proj.weight", [H, H], "conv1d")
+            add(p + ".attn.c_proj.bias", [H], "bias")
+            norm(p + ".ln_2", H)
+            add(p + ".mlp.c_fc.weight", [H, W], "conv1d")
+            add(p + ".mlp.c_fc.bias", [W], "bias")
+            add(p + ".mlp.c_proj.weight", [W, H], "conv1d")
+            add(p + ".mlp.c_proj.bias", [H], "bias")
+        norm("transformer.ln_f", H)
+        return out
+
+    nh, nkv, hd, I = s["heads"], s["kv_heads"], s["head_dim"], s["inter"]
+
+    def attention(p):
+        linear(p + ".q_proj", nh * hd, H, s["qkv_bias"])
+        linear(p + ".k_proj", nkv * hd, H, s["qkv_bias"])
+        linear(p + ".v_proj", nkv * hd, H, s["qkv_bias"])
+        linear(p + ".o_proj", H, nh * hd, s["o_bias"])
+        if s["qk_norm"]:  # always RMSNorm over head_dim (Qwen3RMSNorm), weight only
+            add(p + ".q_norm.weight", [hd], "norm_weight")
+            add(p + ".k_norm.weight", [hd], "norm_weight")
+
+    def mlp(p):
+        linear(p + ".mlp.gate_proj", I, H, s["mlp_bias"])
+        linear(p + ".mlp.up_proj", I, H, s["mlp_bias"])
+        linear(p + ".mlp.down_proj", H, I, s["mlp_bias"])
+
+    add("model.embed_tokens.weight", [V, H], "embedding")
+    for l in range(s["layers"]):
+        p = f"model.layers.{l}"
+        if s["placement"] == "pre":
+            norm(p + ".input_layernorm", H)
+            attention(p + ".self_attn")
+            norm(p + ".post_attention_layernorm", H)
+            mlp(p)
+        elif s["placement"] == "post":
+            attention(p + ".self_attn")
+            norm(p + ".post_attention_layernorm", H)
+            mlp(p)
+            norm(p + ".post_feedforward_layernorm", H)
+        elif s["placement"] == "sandwich":
+            norm(p + ".input_layernorm", H)
+            attention(p + ".self_attn")
+            norm(p + ".post_attention_layernorm", H)
+            norm(p + ".pre_feedforward_layernorm", H)
+            mlp(p)
+            norm(p + ".post_feedforward_layernorm", H)
+        else:
+            raise ValueError(s["placement"])
+    if s["placement"] != "post":
+        norm("model.norm", H)
+    if not s["tie"]:
+        add("lm_head.weight", [V, H], "linear")
+    return out
+
+
+def decays(name, shape, kind):
+    """AdamW weight-decay rule used by the fixtures: 2-D weights that are not embeddings."""
+    return len(shape) == 2 and kind != "embedding"
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks
+# --------------------------------------------------------------------------------------------
+
+def rms_norm(x, weight, eps):
+    """LlamaRMSNorm.forward (modeling_llama.py; identical in Mistral/Qwen2/Qwen3RMSNorm):
+    variance = x.pow(2).mean(-1, keepdim=True); x * rsqrt(variance + eps); weight * x.
+    Plain x_hat * w form (not Gemma's 1 + w)."""
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def layer_norm(x, weight, bias, eps):
+    """torch.nn.LayerNorm (GPT2 ln_1/ln_2/ln_f; keel "norm": "layernorm"): biased variance."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def apply_norm(s, p, prefix, x):
+    if s["norm"] == "layernorm":
+        return layer_norm(x, p[prefix + ".weight"], p[prefix + ".bias"], s["eps"])
+    return rms_norm(x, p[prefix + ".weight"], s["eps"])
+
+
+def activation(name, x):
+    """transformers activations.py ACT2FN."""
+    if name in ("silu", "swish"):
+        return F.silu(x)                       # SiLUActivation: x * sigmoid(x)
+    if name == "gelu":
+        return F.gelu(x)                       # GELUActivation: exact erf GELU
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        # NewGELUActivation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        # (PytorchGELUTanh = F.gelu(approximate="tanh") is the same function)
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    if name == "relu":
+        return F.relu(x)
+    raise ValueError(f"unknown activation {name}")
+
+
+def rope_inv_freq(s, dtype=torch.float64):
+    """modeling_rope_utils.py: _compute_default_rope_parameters and, for rope_type "llama3",
+    _compute_llama3_parameters. attention_factor is 1.0 for both (cos/sin are not scaled).
+    Computed in float64 here (HF computes inv_freq in fp32; difference ~1e-7 relative)."""
+    dim = s["head_dim"]
+    base = s["rope"]["theta"]
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
+    sc = s["rope"]["scaling"]
+    rope_type = (sc or {}).get("rope_type", (sc or {}).get("type", "default"))
+    if sc is None or rope_type == "default":
+        return inv_freq
+    if rope_type != "llama3":
+        raise ValueError(f"rope_type {rope_type} not implemented")
+    factor = sc["factor"]
+    low_freq_factor = sc["low_freq_factor"]
+    high_freq_factor = sc["high_freq_factor"]
+    old_context_len = sc["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # wavelen < high_freq_wavelen: unchanged; wavelen > low_freq_wavelen: divide by factor
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    # otherwise interpolate with a smooth factor
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def rope_cos_sin(s, T, dtype=torch.float64):
+    """LlamaRotaryEmbedding.forward: freqs = position_ids (0..T-1) x inv_freq;
+    emb = cat(freqs, freqs); cos, sin (times attention_scaling = 1)."""
+    inv_freq = rope_inv_freq(s, dtype)
+    pos = torch.arange(T, dtype=dtype)
+    freqs = pos[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    """modeling_llama.rotate_half: halves layout (not interleaved pairs)."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    """modeling_llama.apply_rotary_pos_emb, q/k [B, heads, T, hd], cos/sin [T, hd]."""
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def repeat_kv(x, n_rep):
+    """modeling_llama.repeat_kv: [B, kv, T, hd] -> [B, kv*n_rep, T, hd]; query head h reads
+    kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    B, kv, T, hd = x.shape
+    return x[:, :, None, :, :].expand(B, kv, n_rep, T, hd).reshape(B, kv * n_rep, T, hd)
+
+
+def causal_attention_core(q, k, v, scaling, softcap, stats):
+    """modeling_llama.eager_attention_forward (+ Gemma2's soft-capping, modeling_gemma2.py):
+    w = q k^T * scaling; [softcap: w = c * tanh(w / c)]; + causal mask; softmax; w v.
+    stats: list to which the per-head max of the scaled, pre-cap logit over batch and
+    unmasked positions is appended."""
+    T = q.shape[-2]
+    w = torch.matmul(q, k.transpose(2, 3)) * scaling
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if stats is not None:
+        with torch.no_grad():
+            stats.append(w.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3)))
+    if softcap:
+        w = softcap * torch.tanh(w / softcap)
+    w = w.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(w, dim=-1)
+    return torch.matmul(w, v)
+
+
+def decoder_attention(s, p, prefix, x, cos, sin, stats):
+    """LlamaAttention.forward (MistralAttention / Qwen2Attention identical; Qwen3Attention adds
+    q_norm/k_norm over head_dim after the projection + reshape and before RoPE)."""
+    B, T, _ = x.shape
+    nh, nkv, hd = s["heads"], s["kv_heads"], s["head_dim"]
+
+    def proj(name, t):
+        return F.linear(t, p[f"{prefix}.{name}.weight"], p.get(f"{prefix}.{name}.bias"))
+
+    q = proj("q_proj", x).view(B, T, nh, hd)
+    k = proj("k_proj", x).view(B, T, nkv, hd)
+    v = proj("v_proj", x).view(B, T, nkv, hd)
+    if s["qk_norm"]:  # Qwen3RMSNorm(head_dim), eps = rms_norm_eps
+        q = rms_norm(q, p[prefix + ".q_norm.weight"], s["eps"])
+        k = rms_norm(k, p[prefix + ".k_norm.weight"], s["eps"])
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    n_rep = nh // nkv
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    o = causal_attention_core(q, k, v, hd ** -0.5, s["attn_softcap"], stats)
+    o = o.transpose(1, 2).reshape(B, T, nh * hd)
+    return proj("o_proj", o)
+
+
+def gated_mlp(s, p, prefix, x):
+    """LlamaMLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x)) (SwiGLU/GeGLU/ReGLU)."""
+    def proj(name, t):
+        return F.linear(t, p[f"{prefix}.{name}.weight"], p.get(f"{prefix}.{name}.bias"))
+    return proj("down_proj", activation(s["act"], proj("gate_proj", x)) * proj("up_proj", x))
+
+
+def decoder_layer(s, p, l, x, cos, sin, stats):
+    """LlamaDecoderLayer.forward for "pre"; keel's "post" and Gemma2DecoderLayer's "sandwich"."""
+    pre = f"model.layers.{l}"
+    attn = lambda t: decoder_attention(s, p, pre + ".self_attn", t, cos, sin, stats)  # noqa: E731
+    mlp = lambda t: gated_mlp(s, p, pre + ".mlp", t)  # noqa: E731
+    norm = lambda name, t: apply_norm(s, p, f"{pre}.{name}", t)  # noqa: E731
+    if s["placement"] == "pre":
+        x = x + attn(norm("input_layernorm", x))
+        x = x + mlp(norm("post_attention_layernorm", x))
+    elif s["placement"] == "post":
+        x = norm("post_attention_layernorm", x + attn(x))
+        x = norm("post_feedforward_layernorm", x + mlp(x))
+    else:  # sandwich (Gemma2DecoderLayer, but with the plain x_hat * w norm)
+        x = x + norm("post_attention_layernorm", attn(norm("input_layernorm", x)))
+        x = x + norm("post_feedforward_layernorm", mlp(norm("pre_feedforward_layernorm", x)))
+    return x
+
+
+def decoder_forward(s, p, tokens):
+    """LlamaModel.forward + LlamaForCausalLM.forward. Returns (logits, max_logit[layers, heads]).
+    logits are after the final soft-cap when configured (Gemma2ForCausalLM)."""
+    T = tokens.shape[1]
+    emb = p["model.embed_tokens.weight"]
+    x = F.embedding(tokens, emb)
+    cos, sin = rope_cos_sin(s, T, emb.dtype)
+    stats = []
+    for l in range(s["layers"]):
+        x = decoder_layer(s, p, l, x, cos, sin, stats)
+    if s["placement"] != "post":
+        x = apply_norm(s, p, "model.norm", x)
+    head = emb if s["tie"] else p["lm_head.weight"]
+    logits = F.linear(x, head)
+    if s["final_softcap"]:
+        c = s["final_softcap"]
+        logits = c * torch.tanh(logits / c)
+    return logits, torch.stack(stats)
+
+
+def gpt2_attention(s, p, prefix, x, layer, stats):
+    """GPT2Attention.forward + _attn (modeling_gpt2.py): c_attn (Conv1D, x @ W + b) split into
+    q, k, v of width n_embd; heads split as view(B, T, n_head, hd); weights / sqrt(hd)
+    (scale_attn_weights, value.size(-1) ** 0.5); optional / (layer_idx + 1); causal; c_proj."""
+    B, T, H = x.shape
+    nh, hd = s["heads"], s["head_dim"]
+    qkv = x @ p[prefix + ".c_attn.weight"] + p[prefix + ".c_attn.bias"]
+    q, k, v = qkv.split(H, dim=2)
+    q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
+    scaling = hd ** -0.5
+    if s["scale_attn_by_inverse_layer_idx"]:
+        scaling /= float(layer + 1)
+    o = causal_attention_core(q, k, v, scaling, s["attn_softcap"], stats)
+    o = o.transpose(1, 2).reshape(B, T, H)
+    return o @ p[prefix + ".c_proj.weight"] + p[prefix + ".c_proj.bias"]
+
+
+def gpt2_mlp(s, p, prefix, x):
+    """GPT2MLP.forward: c_proj(act(c_fc(x))), Conv1D layout [in, out]."""
+    h = activation(s["act"], x @ p[prefix + ".c_fc.weight"] + p[prefix + ".c_fc.bias"])
+    return h @ p[prefix + ".c_proj.weight"] + p[prefix + ".c_proj.bias"]
+
+
+def gpt2_forward(s, p, tokens):
+    """GPT2Model.forward + GPT2LMHeadModel.forward: wte + wpe(0..T-1), pre-LN blocks
+    (GPT2Block), ln_f, lm_head tied to wte."""
+    T = tokens.shape[1]
+    wte = p["transformer.wte.weight"]
+    x = F.embedding(tokens, wte) + p["transformer.wpe.weight"][:T][None]
+    stats = []
+    ln = lambda name, t: layer_norm(t, p[name + ".weight"], p[name + ".bias"], s["eps"])  # noqa: E731
+    for l in range(s["layers"]):
+        pre = f"transformer.h.{l}"
+        x = x + gpt2_attention(s, p, pre + ".attn", ln(pre + ".ln_1", x), l, stats)
+        x = x + gpt2_mlp(s, p, pre + ".mlp", ln(pre + ".ln_2", x))
+    x = ln("transformer.ln_f", x)
+    logits = F.linear(x, wte)
+    if s["final_softcap"]:
+        c = s["final_softcap"]
+        logits = c * torch.tanh(logits / c)
+    return logits, torch.stack(stats)
+
+
+def forward(s, p, tokens):
+    if s["family"] == "gpt2":
+        return gpt2_forward(s, p, tokens)
+    return decoder_forward(s, p, tokens)
+
+
+def causal_lm_loss(logits, tokens, z_loss=0.0):
+    """loss_utils.ForCausalLMLoss: shift by one, mean cross-entropy over the B*(T-1) predicted
+    positions (no ignored labels). Plus keel's z-loss: z_loss * mean(logsumexp(logits)^2) over
+    the same positions. Returns (loss, ce)."""
+    shift = logits[:, :-1, :]
+    labels = tokens[:, 1:]
+    lse = torch.logsumexp(shift, dim=-1)
+    picked = shift.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    ce = (lse - picked).mean()
+    loss = ce + z_loss * (lse * lse).mean() if z_loss else ce
+    return loss, ce
+
+
+def loss_and_stats(s, p, tokens):
+    logits, max_logit = forward(s, p, tokens)
+    loss, ce = causal_lm_loss(logits, tokens, s["z_loss"])
+    return loss, ce, logits, max_logit
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer: torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW (torch 1.13 _single_tensor_adamw)
+# --------------------------------------------------------------------------------------------
+
+def clip_grad_norm(grads, max_norm):
+    """clip_grad_norm_: total = ||(||g_i||_2)_i||_2; coef = max_norm / (total + 1e-6);
+    grads *= min(coef, 1). Returns total."""
+    total = torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+    return total
+
+
+class AdamW:
+    """torch.optim.AdamW, single-tensor path: p *= 1 - lr*wd; m = b1 m + (1-b1) g;
+    v = b2 v + (1-b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)."""
+
+    def __init__(self, lr, betas, eps, weight_decay):
+        self.lr, self.b1, self.b2, self.eps, self.wd = lr, betas[0], betas[1], eps, weight_decay
+        self.state = {}
+
+    def step(self, params, grads, decay_flags):
+        for name in params:
+            p, g = params[name], grads[name]
+            st = self.state.setdefault(name, {"t": 0, "m": torch.zeros_like(p), "v": torch.zeros_like(p)})
+            st["t"] += 1
+            t = st["t"]
+            wd = self.wd if decay_flags[name] else 0.0
+            p.mul_(1 - self.lr * wd)
+            st["m"].mul_(self.b1).add_(g, alpha=1 - self.b1)
+            st["v"].mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+            bc1 = 1 - self.b1 ** t
+            bc2 = 1 - self.b2 ** t
+            denom = (st["v"].sqrt() / math.sqrt(bc2)).add_(self.eps)
+            p.addcdiv_(st["m"], denom, value=-self.lr / bc1)
