@@ -17,7 +17,8 @@ constexpr std::uintmax_t kMaxConfigBytes = 16u << 20;  // real configs are a few
 nlohmann::json parse_config_text(const std::string& text, const std::string& source) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error for syntax, out_of_range for numbers beyond double ("1e999").
     std::string what = e.what();
     // Drop the library's "[json.exception.parse_error.101] " tag; keep position and reason.
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
