@@ -9,7 +9,8 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev
-  libopenblas-dev
+  libdnnl-dev                       # gemm backend (docs/blas.md)
+  libopenblas-dev libopenblas0-openmp libblis-dev   # alternative backend and the BLAS benchmark
 )
 
 missing=()

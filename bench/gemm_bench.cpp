@@ -1,0 +1,108 @@
+// sgemm throughput at the shapes a small transformer's linear layers use, for choosing the BLAS
+// that keel links (docs/blas.md). One source, built once per candidate library; each binary
+// prints which library it actually loaded so a wrong runtime alternative cannot fool us.
+//
+// For a linear layer with tokens=M, in=K, out=N and W stored (out, in):
+//   forward  y  = x · Wᵀ   -> NT  (M, N, K)
+//   backward dx = dy · W   -> NN  (M, K, N)
+//   backward dW = dyᵀ · x  -> TN  (N, K, M)
+// The "+omp" column interleaves an OpenMP elementwise pass between gemm calls, as a training
+// step does; a BLAS with its own thread pool then competes with OpenMP's spinning workers.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#if defined(KEEL_BENCH_DNNL)
+#include <dnnl.h>
+static const char* library_name() { return "oneDNN dnnl_sgemm"; }
+static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc) {
+  dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.f, a, lda, b, ldb, 0.f, c, ldc);
+}
+#else
+#include <cblas.h>
+#if defined(KEEL_BENCH_OPENBLAS)
+extern "C" char* openblas_get_config(void);
+static const char* library_name() { return openblas_get_config(); }
+#else
+static const char* library_name() { return "BLIS cblas"; }
+#endif
+static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.f, a, int(lda), b, int(ldb), 0.f, c, int(ldc));
+}
+#endif
+
+namespace {
+
+struct Case {
+  const char* name;
+  bool ta, tb;
+  int64_t m, n, k;
+};
+
+// Median seconds of one call; repeats until ~0.3 s has been spent so small shapes are stable.
+double time_case(const Case& cs, bool with_omp, std::vector<float>& a, std::vector<float>& b, std::vector<float>& c,
+                 std::vector<float>& scratch) {
+  const int64_t lda = cs.ta ? cs.m : cs.k, ldb = cs.tb ? cs.k : cs.n;
+  auto one = [&] {
+    sgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, a.data(), lda, b.data(), ldb, c.data(), cs.n);
+    if (with_omp) {
+      const int64_t s = int64_t(scratch.size());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < s; ++i) scratch[size_t(i)] = scratch[size_t(i)] * 0.999f + 0.001f;
+    }
+  };
+  one();
+  std::vector<double> times;
+  double spent = 0;
+  while (spent < 0.3 || times.size() < 5) {
+    auto t0 = std::chrono::steady_clock::now();
+    one();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times.push_back(dt);
+    spent += dt;
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  std::printf("library: %s  omp_max_threads=%d\n", library_name(), omp_get_max_threads());
+  const int64_t tokens = 2048;
+  std::vector<Case> cases;
+  for (int64_t in : {256, 512})
+    for (int64_t out : {256, 768, 1024, 2048, 8192}) {
+      cases.push_back({"fwd NT", false, true, tokens, out, in});
+      cases.push_back({"dx  NN", false, false, tokens, in, out});
+      cases.push_back({"dW  TN", true, false, out, in, tokens});
+    }
+  std::vector<float> a(size_t(tokens) * 8192), b(size_t(tokens) * 8192), c(size_t(tokens) * 8192);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float((i * 104729) % 1000) * 1e-3f - 0.5f;
+  // A small elementwise pass (64k floats): the kind of op that sits between two linears.
+  std::vector<float> scratch(size_t(1) << 16, 1.f);
+  std::printf("%-7s %6s %6s %6s %10s %10s\n", "case", "M", "N", "K", "GFLOP/s", "+omp");
+  double sum_plain = 0, sum_omp = 0;
+  for (const Case& cs : cases) {
+    const double flops = 2.0 * double(cs.m) * double(cs.n) * double(cs.k);
+    const double g = flops / time_case(cs, false, a, b, c, scratch) * 1e-9;
+    const double go = flops / time_case(cs, true, a, b, c, scratch) * 1e-9;
+    sum_plain += g;
+    sum_omp += go;
+    std::printf("%-7s %6lld %6lld %6lld %10.1f %10.1f\n", cs.name, (long long)cs.m, (long long)cs.n, (long long)cs.k, g,
+                go);
+  }
+  std::printf("mean GFLOP/s: %.1f  with omp interleave: %.1f\n", sum_plain / double(cases.size()),
+              sum_omp / double(cases.size()));
+  return 0;
+}

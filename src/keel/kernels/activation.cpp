@@ -1,0 +1,106 @@
+#include "keel/kernels/activation.hpp"
+
+#include <cmath>
+#include <numbers>
+
+namespace keel::kernels {
+
+namespace {
+
+// Value and derivative of each activation at one point. Templated on the kind so the element
+// loops carry no switch.
+template <Activation A>
+struct Act;
+
+template <>
+struct Act<Activation::Silu> {
+  static float f(float x) { return x / (1.f + std::exp(-x)); }
+  static float df(float x) {
+    const float s = 1.f / (1.f + std::exp(-x));
+    return s * (1.f + x * (1.f - s));
+  }
+};
+
+template <>
+struct Act<Activation::Gelu> {
+  static float f(float x) { return 0.5f * x * (1.f + std::erf(x * float(std::numbers::sqrt2 / 2))); }
+  static float df(float x) {
+    const float cdf = 0.5f * (1.f + std::erf(x * float(std::numbers::sqrt2 / 2)));
+    const float pdf = std::exp(-0.5f * x * x) * float(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+    return cdf + x * pdf;
+  }
+};
+
+template <>
+struct Act<Activation::GeluTanh> {
+  // Hendrycks & Gimpel 2016, eq. for the tanh approximation; constant √(2/π).
+  static constexpr float kC = 0.7978845608028654f, kA = 0.044715f;
+  static float f(float x) { return 0.5f * x * (1.f + std::tanh(kC * (x + kA * x * x * x))); }
+  static float df(float x) {
+    const float t = std::tanh(kC * (x + kA * x * x * x));
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kC * (1.f + 3.f * kA * x * x);
+  }
+};
+
+template <>
+struct Act<Activation::Relu> {
+  static float f(float x) { return x > 0.f ? x : 0.f; }
+  static float df(float x) { return x > 0.f ? 1.f : 0.f; }
+};
+
+template <class Fn>
+void dispatch(Activation act, Fn fn) {
+  switch (act) {
+    case Activation::Silu: fn(Act<Activation::Silu>{}); return;
+    case Activation::Gelu: fn(Act<Activation::Gelu>{}); return;
+    case Activation::GeluTanh: fn(Act<Activation::GeluTanh>{}); return;
+    case Activation::Relu: fn(Act<Activation::Relu>{}); return;
+  }
+}
+
+}  // namespace
+
+// x: (n) -> y: (n)
+void activation_forward(const float* x, float* y, int64_t n, Activation act) {
+  dispatch(act, [&](auto a) {
+    using A = decltype(a);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = A::f(x[i]);
+  });
+}
+
+// x, dy: (n); accumulates dx: (n)
+void activation_backward(const float* x, const float* dy, float* dx, int64_t n, Activation act) {
+  dispatch(act, [&](auto a) {
+    using A = decltype(a);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] += A::df(x[i]) * dy[i];
+  });
+}
+
+// gate, up: (n) -> h: (n)
+void gated_forward(const float* gate, const float* up, float* h, int64_t n, Activation act) {
+  dispatch(act, [&](auto a) {
+    using A = decltype(a);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) h[i] = A::f(gate[i]) * up[i];
+  });
+}
+
+// gate, up, dh: (n); accumulates dgate, dup: (n) (either may be null)
+void gated_backward(const float* gate, const float* up, const float* dh, float* dgate, float* dup, int64_t n,
+                    Activation act) {
+  dispatch(act, [&](auto a) {
+    using A = decltype(a);
+    if (dgate != nullptr) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) dgate[i] += A::df(gate[i]) * up[i] * dh[i];
+    }
+    if (dup != nullptr) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) dup[i] += A::f(gate[i]) * dh[i];
+    }
+  });
+}
+
+}  // namespace keel::kernels

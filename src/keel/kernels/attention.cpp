@@ -1,0 +1,289 @@
+#include "keel/kernels/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "keel/core/error.hpp"
+#include "keel/kernels/fast_math.hpp"
+
+namespace keel::kernels {
+
+namespace {
+
+// Query rows and keys per block. 64×64 fp32 scores (16 KiB) plus a packed Kᵀ block stay in L1/L2.
+constexpr int64_t kBq = 64;
+constexpr int64_t kBk = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_dims(const AttentionDims& d) {
+  KEEL_CHECK(d.batch >= 0 && d.seq >= 0 && d.heads > 0 && d.kv_heads > 0 && d.qk_dim > 0 && d.v_dim > 0);
+  KEEL_CHECK(d.heads % d.kv_heads == 0);
+}
+
+// kt: (dim, kBk) = rows[0..n)ᵀ, rows strided by `stride`; columns n..kBk zeroed so the score
+// loops can always run the full, vectorizable block width.
+void pack_transposed(const float* rows, int64_t stride, int64_t n, int64_t dim, float* kt) {
+  for (int64_t dd = 0; dd < dim; ++dd) {
+    float* dst = kt + dd * kBk;
+    for (int64_t j = 0; j < n; ++j) dst[j] = rows[j * stride + dd];
+    for (int64_t j = n; j < kBk; ++j) dst[j] = 0.f;
+  }
+}
+
+// s: (n, kBk) = a(n, dim) · bt(dim, kBk); a rows strided by lda. Four rows at a time so each
+// loaded bt vector feeds four FMAs.
+void block_scores(const float* a, int64_t lda, int64_t n, const float* bt, int64_t dim, float* s) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    float acc[4][kBk] = {};
+    const float* a0 = a + i * lda;
+    for (int64_t dd = 0; dd < dim; ++dd) {
+      const float* b = bt + dd * kBk;
+      const float x0 = a0[dd], x1 = a0[lda + dd], x2 = a0[2 * lda + dd], x3 = a0[3 * lda + dd];
+#pragma omp simd
+      for (int64_t j = 0; j < kBk; ++j) {
+        acc[0][j] += x0 * b[j];
+        acc[1][j] += x1 * b[j];
+        acc[2][j] += x2 * b[j];
+        acc[3][j] += x3 * b[j];
+      }
+    }
+    std::copy(&acc[0][0], &acc[0][0] + 4 * kBk, s + i * kBk);
+  }
+  for (; i < n; ++i) {
+    float acc[kBk] = {};
+    for (int64_t dd = 0; dd < dim; ++dd) {
+      const float* b = bt + dd * kBk;
+      const float x = a[i * lda + dd];
+#pragma omp simd
+      for (int64_t j = 0; j < kBk; ++j) acc[j] += x * b[j];
+    }
+    std::copy(acc, acc + kBk, s + i * kBk);
+  }
+}
+
+}  // namespace
+
+// q: (B,T,Hq,Dqk), k: (B,T,Hkv,Dqk), v: (B,T,Hkv,Dv) -> out: (B,T,Hq,Dv), lse: (B,Hq,T); max_logit: (Hq)
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, float* max_logit,
+                       const AttentionDims& d) {
+  check_dims(d);
+  const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
+  const int64_t group = H / Hkv, q_blocks = (T + kBq - 1) / kBq;
+  const int64_t tasks = d.batch * H * q_blocks;
+  const float cap = d.softcap;
+  std::vector<float> task_max(size_t(tasks), kNegInf);
+
+#pragma omp parallel
+  {
+    std::vector<float> kt(size_t(Dk * kBk)), s(size_t(kBq * kBk)), o(size_t(kBq * Dv)), m(kBq), l(kBq);
+    // Largest query blocks (most keys) first, so the dynamic schedule ends balanced.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t qb = q_blocks - 1 - task % q_blocks, bh = task / q_blocks;
+      const int64_t b = bh / H, h = bh % H, kvh = h / group;
+      const int64_t q0 = qb * kBq, nq = std::min(kBq, T - q0);
+      const float* qrow = q + ((b * T + q0) * H + h) * Dk;
+      const float* kbase = k + (b * T * Hkv + kvh) * Dk;
+      const float* vbase = v + (b * T * Hkv + kvh) * Dv;
+      std::fill(o.begin(), o.end(), 0.f);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.f);
+      float tmax = kNegInf;
+      for (int64_t k0 = 0; k0 < q0 + nq; k0 += kBk) {
+        const int64_t nk = std::min(kBk, q0 + nq - k0);
+        pack_transposed(kbase + k0 * Hkv * Dk, Hkv * Dk, nk, Dk, kt.data());
+        block_scores(qrow, H * Dk, nq, kt.data(), Dk, s.data());
+        for (int64_t i = 0; i < nq; ++i) {
+          const int64_t valid = std::min(nk, q0 + i - k0 + 1);  // causal: keys t' <= t
+          if (valid <= 0) continue;
+          float* sr = s.data() + i * kBk;
+          float rmax = kNegInf;
+#pragma omp simd reduction(max : rmax)
+          for (int64_t j = 0; j < valid; ++j) {
+            sr[j] *= d.scale;
+            rmax = std::max(rmax, sr[j]);
+          }
+          tmax = std::max(tmax, rmax);
+          if (cap > 0.f) {
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) sr[j] = cap * detail::fast_tanh(sr[j] / cap);
+            rmax = cap * detail::fast_tanh(rmax / cap);  // tanh is monotone
+          }
+          const float mnew = std::max(m[size_t(i)], rmax);
+          const float corr = detail::fast_exp(m[size_t(i)] - mnew);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < valid; ++j) {
+            sr[j] = detail::fast_exp(sr[j] - mnew);
+            sum += sr[j];
+          }
+          m[size_t(i)] = mnew;
+          l[size_t(i)] = l[size_t(i)] * corr + sum;
+          float* orow = o.data() + i * Dv;
+          if (corr != 1.f)
+            for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr;
+          for (int64_t j = 0; j < valid; ++j) {
+            const float p = sr[j];
+            const float* vr = vbase + (k0 + j) * Hkv * Dv;
+#pragma omp simd
+            for (int64_t c = 0; c < Dv; ++c) orow[c] += p * vr[c];
+          }
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = q0 + i;
+        const float inv = 1.f / l[size_t(i)];
+        float* dst = out + ((b * T + t) * H + h) * Dv;
+        for (int64_t c = 0; c < Dv; ++c) dst[c] = o[size_t(i * Dv + c)] * inv;
+        lse[(b * H + h) * T + t] = m[size_t(i)] + std::log(l[size_t(i)]);
+      }
+      task_max[size_t(task)] = tmax;
+    }
+  }
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t h = (task / q_blocks) % H;
+    max_logit[h] = std::max(max_logit[h], task_max[size_t(task)]);
+  }
+}
+
+// Accumulates dq: (B,T,Hq,Dqk), dk: (B,T,Hkv,Dqk), dv: (B,T,Hkv,Dv)
+void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d) {
+  check_dims(d);
+  const int64_t B = d.batch, T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
+  const int64_t group = H / Hkv;
+  const float cap = d.softcap;
+
+  // delta_t = Σ_c dout·out = Σ_j P_j·dP_j, the softmax-Jacobian term (FlashAttention-2, eq. in §3.1.2).
+  std::vector<float> delta(size_t(B * H * T));
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* o = out + (bt * H + h) * Dv;
+      const float* g = dout + (bt * H + h) * Dv;
+      float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t c = 0; c < Dv; ++c) acc += o[c] * g[c];
+      delta[size_t(((bt / T) * H + h) * T + bt % T)] = acc;
+    }
+
+  // One task per (batch, kv head): it owns dk/dv of that kv head and dq of its query heads, so
+  // no two threads write the same gradient and the sums are deterministic.
+#pragma omp parallel
+  {
+    std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
+    std::vector<float> dkb(size_t(kBk * Dk)), dvb(size_t(kBk * Dv));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * Hkv; ++task) {
+      const int64_t b = task / Hkv, kvh = task % Hkv;
+      const float* kbase = k + (b * T * Hkv + kvh) * Dk;
+      const float* vbase = v + (b * T * Hkv + kvh) * Dv;
+      for (int64_t k0 = 0; k0 < T; k0 += kBk) {
+        const int64_t nk = std::min(kBk, T - k0);
+        pack_transposed(kbase + k0 * Hkv * Dk, Hkv * Dk, nk, Dk, kt.data());
+        pack_transposed(vbase + k0 * Hkv * Dv, Hkv * Dv, nk, Dv, vt.data());
+        std::fill(dkb.begin(), dkb.end(), 0.f);
+        std::fill(dvb.begin(), dvb.end(), 0.f);
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          for (int64_t q0 = (k0 / kBq) * kBq; q0 < T; q0 += kBq) {
+            const int64_t nq = std::min(kBq, T - q0);
+            const float* qrow = q + ((b * T + q0) * H + h) * Dk;
+            const float* grow = dout + ((b * T + q0) * H + h) * Dv;
+            const float* lse_r = lse + (b * H + h) * T + q0;
+            const float* delta_r = delta.data() + (b * H + h) * T + q0;
+            block_scores(qrow, H * Dk, nq, kt.data(), Dk, p.data());  // raw q·k
+            block_scores(grow, H * Dv, nq, vt.data(), Dv, ds.data());  // dP = dout·vᵀ
+            for (int64_t i = 0; i < nq; ++i) {
+              const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
+              float* pr = p.data() + i * kBk;
+              float* dr = ds.data() + i * kBk;
+              const float li = lse_r[i], di = delta_r[i];
+              // P = exp(z - lse) with z the (capped) logit; dS = P·(dP - delta)·∂z/∂(q·k).
+#pragma omp simd
+              for (int64_t j = 0; j < valid; ++j) {
+                const float sc = pr[j] * d.scale;
+                float z = sc, dz = d.scale;
+                if (cap > 0.f) {
+                  const float t = detail::fast_tanh(sc / cap);
+                  z = cap * t;
+                  dz = d.scale * (1.f - t * t);
+                }
+                const float pj = detail::fast_exp(z - li);
+                pr[j] = pj;
+                dr[j] = pj * (dr[j] - di) * dz;
+              }
+              for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
+            }
+            // dv_j += Σ_i P_ij·dout_i ; dk_j += Σ_i dS_ij·q_i ; dq_i += Σ_j dS_ij·k_j
+            for (int64_t i = 0; i < nq; ++i) {
+              const float* pr = p.data() + i * kBk;
+              const float* dr = ds.data() + i * kBk;
+              const float* gi = grow + i * H * Dv;
+              const float* qi = qrow + i * H * Dk;
+              float* dqi = dq + ((b * T + q0 + i) * H + h) * Dk;
+              const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
+              for (int64_t j = 0; j < valid; ++j) {
+                const float pj = pr[j], dsj = dr[j];
+                float* dvj = dvb.data() + j * Dv;
+                float* dkj = dkb.data() + j * Dk;
+                const float* kj = kbase + (k0 + j) * Hkv * Dk;
+#pragma omp simd
+                for (int64_t c = 0; c < Dv; ++c) dvj[c] += pj * gi[c];
+#pragma omp simd
+                for (int64_t c = 0; c < Dk; ++c) {
+                  dkj[c] += dsj * qi[c];
+                  dqi[c] += dsj * kj[c];
+                }
+              }
+            }
+          }
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          float* dkr = dk + ((b * T + k0 + j) * Hkv + kvh) * Dk;
+          float* dvr = dv + ((b * T + k0 + j) * Hkv + kvh) * Dv;
+          for (int64_t c = 0; c < Dk; ++c) dkr[c] += dkb[size_t(j * Dk + c)];
+          for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvb[size_t(j * Dv + c)];
+        }
+      }
+    }
+  }
+}
+
+// Same contract as attention_forward; plain loops in double over a full T×T score matrix.
+void attention_reference_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                                 float* max_logit, const AttentionDims& d) {
+  check_dims(d);
+  const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim, group = H / Hkv;
+  std::vector<double> z(static_cast<size_t>(T));
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / group;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* qt = q + ((b * T + t) * H + h) * Dk;
+        double zmax = -std::numeric_limits<double>::infinity();
+        for (int64_t u = 0; u <= t; ++u) {
+          const float* ku = k + ((b * T + u) * Hkv + kvh) * Dk;
+          double dot = 0;
+          for (int64_t c = 0; c < Dk; ++c) dot += double(qt[c]) * ku[c];
+          const double s = double(d.scale) * dot;
+          max_logit[h] = std::max(max_logit[h], float(s));
+          z[size_t(u)] = d.softcap > 0.f ? double(d.softcap) * std::tanh(s / d.softcap) : s;
+          zmax = std::max(zmax, z[size_t(u)]);
+        }
+        double sum = 0;
+        for (int64_t u = 0; u <= t; ++u) sum += std::exp(z[size_t(u)] - zmax);
+        float* ot = out + ((b * T + t) * H + h) * Dv;
+        for (int64_t c = 0; c < Dv; ++c) {
+          double acc = 0;
+          for (int64_t u = 0; u <= t; ++u) acc += std::exp(z[size_t(u)] - zmax) / sum * v[((b * T + u) * Hkv + kvh) * Dv + c];
+          ot[c] = float(acc);
+        }
+        lse[(b * H + h) * T + t] = float(zmax + std::log(sum));
+      }
+    }
+}
+
+}  // namespace keel::kernels

@@ -1,0 +1,105 @@
+#include "keel/kernels/cross_entropy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "keel/core/error.hpp"
+#include "keel/kernels/fast_math.hpp"
+#include "keel/kernels/gemm.hpp"
+
+namespace keel::kernels {
+
+namespace {
+
+// Rows per chunk: about 8 Mi logits (32 MiB) per chunk, at least 64 rows so the gemms stay
+// efficient. Every chunk re-reads and re-writes all of dw, so larger chunks are cheaper there.
+int64_t chunk_rows(int64_t n, int64_t vocab) {
+  const int64_t rows = std::clamp<int64_t>((int64_t(1) << 23) / std::max<int64_t>(vocab, 1), 64, 4096);
+  return std::min(rows, std::max<int64_t>(n, 1));
+}
+
+}  // namespace
+
+// h: (n, c), w: (vocab, c), targets: (n); accumulates dh: (n, c), dw: (vocab, c)
+LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* targets, int64_t n, int64_t c,
+                                 int64_t vocab, float z_loss, float final_softcap, float grad_scale, float* dh,
+                                 float* dw) {
+  const bool want_grad = dh != nullptr || dw != nullptr;
+  const int64_t rows = chunk_rows(n, vocab);
+  std::vector<float> logits(size_t(rows * vocab));
+  std::vector<double> row_ce(static_cast<size_t>(rows)), row_z(static_cast<size_t>(rows));
+  const float cap = final_softcap;
+  LmHeadLoss loss;
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t nr = std::min(rows, n - r0);
+    const int32_t* tg = targets + r0;
+    bool any = false;
+    for (int64_t i = 0; i < nr; ++i) {
+      KEEL_CHECK(tg[i] >= -1 && tg[i] < vocab);
+      any = any || tg[i] >= 0;
+    }
+    if (!any) continue;  // nothing to score and a zero gradient
+    gemm(false, true, nr, vocab, c, 1.f, h + r0 * c, c, w, c, 0.f, logits.data(), vocab);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nr; ++i) {
+      float* z = logits.data() + i * vocab;
+      row_ce[size_t(i)] = row_z[size_t(i)] = 0;
+      if (tg[i] < 0) {
+        if (want_grad) std::fill(z, z + vocab, 0.f);
+        continue;
+      }
+      if (cap > 0.f) {
+#pragma omp simd
+        for (int64_t j = 0; j < vocab; ++j) z[j] = cap * detail::fast_tanh(z[j] / cap);
+      }
+      float zmax = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : zmax)
+      for (int64_t j = 0; j < vocab; ++j) zmax = std::max(zmax, z[j]);
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < vocab; ++j) sum += detail::fast_exp(z[j] - zmax);
+      const double lse = double(zmax) + std::log(double(sum));
+      row_ce[size_t(i)] = lse - double(z[tg[i]]);
+      row_z[size_t(i)] = lse * lse;
+      if (!want_grad) continue;
+      // ∂/∂z_j [lse - z_t + λ·lse²] = softmax_j·(1 + 2λ·lse) - [j = t]; the cap adds 1 - (z/cap)².
+      const float lse_f = float(lse);
+      const float a = grad_scale * (1.f + 2.f * z_loss * lse_f);
+      const float zt = z[tg[i]];
+#pragma omp simd
+      for (int64_t j = 0; j < vocab; ++j) {
+        float g = a * detail::fast_exp(z[j] - lse_f);
+        if (cap > 0.f) g *= 1.f - (z[j] / cap) * (z[j] / cap);
+        z[j] = g;
+      }
+      const float dcap = cap > 0.f ? 1.f - (zt / cap) * (zt / cap) : 1.f;
+      z[tg[i]] -= grad_scale * dcap;
+    }
+    // Fixed-order sums keep the loss bit-identical for any thread count.
+    for (int64_t i = 0; i < nr; ++i)
+      if (tg[i] >= 0) {
+        loss.ce_sum += row_ce[size_t(i)];
+        loss.z_sum += row_z[size_t(i)];
+        ++loss.count;
+      }
+    if (dh != nullptr) gemm(false, false, nr, c, vocab, 1.f, logits.data(), vocab, w, c, 1.f, dh + r0 * c, c);
+    if (dw != nullptr) gemm(true, false, vocab, c, nr, 1.f, logits.data(), vocab, h + r0 * c, c, 1.f, dw, c);
+  }
+  return loss;
+}
+
+// h: (n, c), w: (vocab, c) -> logits: (n, vocab)
+void lm_head_logits(const float* h, const float* w, float* logits, int64_t n, int64_t c, int64_t vocab,
+                    float final_softcap) {
+  gemm(false, true, n, vocab, c, 1.f, h, c, w, c, 0.f, logits, vocab);
+  if (final_softcap > 0.f) {
+    const int64_t total = n * vocab;
+    const float cap = final_softcap;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < total; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
+}
+
+}  // namespace keel::kernels

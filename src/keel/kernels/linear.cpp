@@ -1,0 +1,58 @@
+#include "keel/kernels/linear.hpp"
+
+#include <algorithm>
+
+#include "keel/kernels/gemm.hpp"
+
+namespace keel::kernels {
+
+// x: (n, in), w: (out, in) | (in, out), b: (out) -> y: (n, out)
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in, int64_t out,
+                    bool w_in_out) {
+  float beta = 0.f;
+  if (b != nullptr) {
+    // Seed y with the bias so the gemm adds onto it (beta = 1) instead of a second pass over y.
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) std::copy(b, b + out, y + i * out);
+    beta = 1.f;
+  }
+  if (w_in_out)
+    gemm(false, false, n, out, in, 1.f, x, in, w, out, beta, y, out);
+  else
+    gemm(false, true, n, out, in, 1.f, x, in, w, in, beta, y, out);
+}
+
+// x: (n, in), dy: (n, out); accumulates dx: (n, in), dw: w's layout, db: (out)
+void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
+                     int64_t in, int64_t out, bool w_in_out) {
+  if (dx != nullptr) {
+    if (w_in_out)
+      gemm(false, true, n, in, out, 1.f, dy, out, w, out, 1.f, dx, in);  // dx += dy·Wᵀ, W: (in, out)
+    else
+      gemm(false, false, n, in, out, 1.f, dy, out, w, in, 1.f, dx, in);  // dx += dy·W, W: (out, in)
+  }
+  if (dw != nullptr) {
+    if (w_in_out)
+      gemm(true, false, in, out, n, 1.f, x, in, dy, out, 1.f, dw, out);  // dW += xᵀ·dy
+    else
+      gemm(true, false, out, in, n, 1.f, dy, out, x, in, 1.f, dw, in);  // dW += dyᵀ·x
+  }
+  if (db != nullptr) {
+    // Each thread owns a slice of columns and sums rows in order: no races, same result for
+    // any thread count.
+    constexpr int64_t kCols = 64;
+    const int64_t slices = (out + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t j0 = s * kCols, j1 = std::min(out, j0 + kCols);
+      float acc[kCols] = {};
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = dy + i * out;
+        for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+      }
+      for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
+    }
+  }
+}
+
+}  // namespace keel::kernels

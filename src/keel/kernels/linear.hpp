@@ -1,0 +1,17 @@
+#pragma once
+// Fully connected layer y = x·Wᵀ + b on top of gemm.
+#include <cstdint>
+
+namespace keel::kernels {
+
+// x: (n, in); w: (out, in) PyTorch nn.Linear layout, or (in, out) when w_in_out (GPT-2 Conv1D);
+// b: (out) or nullptr; y: (n, out), overwritten.
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in, int64_t out,
+                    bool w_in_out = false);
+
+// Accumulates: dx += dy·W (skipped when dx is null), dw += dyᵀ·x in w's own layout,
+// db += Σ_rows dy (skipped when db is null).
+void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
+                     int64_t in, int64_t out, bool w_in_out = false);
+
+}  // namespace keel::kernels

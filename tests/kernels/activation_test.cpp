@@ -1,0 +1,78 @@
+#include "keel/kernels/activation.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "gradient_check.hpp"
+
+namespace keel::kernels {
+namespace {
+
+using testing::dot;
+using testing::expect_gradient;
+using testing::random_vector;
+
+const Activation kAll[] = {Activation::Silu, Activation::Gelu, Activation::GeluTanh, Activation::Relu};
+
+// Inputs kept away from 0 so ReLU's kink is never straddled by the finite difference.
+std::vector<float> away_from_zero(size_t n, uint32_t seed) {
+  auto v = random_vector(n, seed, -3.f, 3.f);
+  for (float& x : v)
+    if (std::abs(x) < 0.05f) x += 0.2f;
+  return v;
+}
+
+TEST(ActivationKernel, ForwardMatchesDefinitions) {
+  const std::vector<float> x = {-2.f, -0.5f, 0.3f, 1.7f};
+  std::vector<float> y(x.size());
+  for (Activation a : kAll) {
+    activation_forward(x.data(), y.data(), int64_t(x.size()), a);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double v = x[i];
+      double want = 0;
+      switch (a) {
+        case Activation::Silu: want = v / (1 + std::exp(-v)); break;
+        case Activation::Gelu: want = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); break;
+        case Activation::GeluTanh:
+          want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+          break;
+        case Activation::Relu: want = v > 0 ? v : 0; break;
+      }
+      EXPECT_NEAR(y[i], want, 1e-6) << int(a) << " at " << v;
+    }
+  }
+}
+
+TEST(ActivationKernel, BackwardMatchesFiniteDifferences) {
+  for (Activation a : kAll) {
+    auto x = away_from_zero(41, 1);
+    const auto g = random_vector(x.size(), 2);
+    std::vector<float> y(x.size()), dx(x.size(), 0.f);
+    auto loss = [&] {
+      activation_forward(x.data(), y.data(), int64_t(x.size()), a);
+      return dot(y, g);
+    };
+    activation_backward(x.data(), g.data(), dx.data(), int64_t(x.size()), a);
+    expect_gradient(x, dx, loss, "act " + std::to_string(int(a)), 1e-3);
+  }
+}
+
+TEST(ActivationKernel, GatedBackwardMatchesFiniteDifferences) {
+  for (Activation a : kAll) {
+    auto gate = away_from_zero(29, 3);
+    auto up = random_vector(gate.size(), 4, -2.f, 2.f);
+    const auto g = random_vector(gate.size(), 5);
+    std::vector<float> h(gate.size()), dgate(gate.size(), 0.f), dup(gate.size(), 0.f);
+    auto loss = [&] {
+      gated_forward(gate.data(), up.data(), h.data(), int64_t(h.size()), a);
+      return dot(h, g);
+    };
+    gated_backward(gate.data(), up.data(), g.data(), dgate.data(), dup.data(), int64_t(h.size()), a);
+    expect_gradient(gate, dgate, loss, "gated dgate " + std::to_string(int(a)), 1e-3);
+    expect_gradient(up, dup, loss, "gated dup " + std::to_string(int(a)), 1e-3);
+  }
+}
+
+}  // namespace
+}  // namespace keel::kernels

@@ -1,0 +1,99 @@
+#include "keel/kernels/attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gradient_check.hpp"
+
+namespace keel::kernels {
+namespace {
+
+using testing::dot;
+using testing::expect_gradient;
+using testing::random_vector;
+
+struct Inputs {
+  std::vector<float> q, k, v;
+};
+
+Inputs make_inputs(const AttentionDims& d, uint32_t seed, float range) {
+  return {random_vector(size_t(d.batch * d.seq * d.heads * d.qk_dim), seed, -range, range),
+          random_vector(size_t(d.batch * d.seq * d.kv_heads * d.qk_dim), seed + 1, -range, range),
+          random_vector(size_t(d.batch * d.seq * d.kv_heads * d.v_dim), seed + 2)};
+}
+
+AttentionDims dims(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t dk, int64_t dv, float softcap) {
+  return {b, t, h, hkv, dk, dv, float(1 / std::sqrt(double(dk))), softcap};
+}
+
+// Blocked kernel vs the naive T×T reference: output, lse and per-head max logit. T = 150 spans
+// three 64-key blocks with a ragged tail; GQA ratios 1, 2, 4; qk_dim != v_dim; softcap on/off.
+TEST(AttentionKernel, ForwardMatchesReference) {
+  const AttentionDims cases[] = {dims(2, 150, 4, 4, 24, 16, 0.f), dims(1, 150, 4, 2, 24, 24, 0.f),
+                                 dims(2, 77, 8, 2, 16, 20, 0.f),  dims(1, 150, 4, 1, 24, 16, 3.f),
+                                 dims(3, 1, 2, 1, 8, 8, 0.f),     dims(1, 64, 2, 2, 64, 64, 2.f)};
+  for (const AttentionDims& d : cases) {
+    const Inputs in = make_inputs(d, 7, 2.f);  // range 2: logits of a few units, so softcap bites
+    const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim), lse_n = size_t(d.batch * d.heads * d.seq);
+    std::vector<float> out(out_n), out_ref(out_n), lse(lse_n), lse_ref(lse_n);
+    std::vector<float> mx(size_t(d.heads), -std::numeric_limits<float>::infinity()), mx_ref = mx;
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+    attention_reference_forward(in.q.data(), in.k.data(), in.v.data(), out_ref.data(), lse_ref.data(), mx_ref.data(),
+                                d);
+    const std::string tag = "T=" + std::to_string(d.seq) + " H=" + std::to_string(d.heads) +
+                            " Hkv=" + std::to_string(d.kv_heads) + " cap=" + std::to_string(d.softcap);
+    for (size_t i = 0; i < out_n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5) << tag << " out " << i;
+    for (size_t i = 0; i < lse_n; ++i) ASSERT_NEAR(lse[i], lse_ref[i], 2e-5 * (1 + std::abs(lse_ref[i]))) << tag;
+    for (int64_t h = 0; h < d.heads; ++h) {
+      ASSERT_NEAR(mx[size_t(h)], mx_ref[size_t(h)], 1e-5 * (1 + std::abs(mx_ref[size_t(h)]))) << tag << " head " << h;
+      EXPECT_TRUE(std::isfinite(mx[size_t(h)]));
+    }
+  }
+}
+
+// max_logit is merged with the caller's value, never overwritten by a smaller one.
+TEST(AttentionKernel, MaxLogitKeepsLargerIncomingValue) {
+  const AttentionDims d = dims(1, 5, 2, 2, 8, 8, 0.f);
+  const Inputs in = make_inputs(d, 3, 1.f);
+  std::vector<float> out(size_t(5 * 2 * 8)), lse(10), mx = {1e6f, -std::numeric_limits<float>::infinity()};
+  attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+  EXPECT_EQ(mx[0], 1e6f);
+  EXPECT_LT(mx[1], 1e6f);
+  EXPECT_TRUE(std::isfinite(mx[1]));
+}
+
+void check_gradients(const AttentionDims& d, uint32_t seed) {
+  Inputs in = make_inputs(d, seed, 1.5f);
+  const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim);
+  const auto g = random_vector(out_n, seed + 5);
+  std::vector<float> out(out_n), lse(size_t(d.batch * d.heads * d.seq)), mx(size_t(d.heads));
+  auto loss = [&] {
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+    return dot(out, g);
+  };
+  loss();
+  // Accumulation contract: start the gradients at 1 and subtract it afterwards.
+  std::vector<float> dq(in.q.size(), 1.f), dk(in.k.size(), 1.f), dv(in.v.size(), 1.f);
+  attention_backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(),
+                     dv.data(), d);
+  for (auto* t : {&dq, &dk, &dv})
+    for (float& x : *t) x -= 1.f;
+  const std::string tag = "T=" + std::to_string(d.seq) + " H=" + std::to_string(d.heads) +
+                          " Hkv=" + std::to_string(d.kv_heads) + " cap=" + std::to_string(d.softcap) + " ";
+  // With T = 1 each softmax has one entry, so q and k get exactly zero gradient.
+  const bool qk_nonzero = d.seq > 1;
+  expect_gradient(in.q, dq, loss, tag + "dq", 1e-2, 2e-3, 1e-2, 60, qk_nonzero);
+  expect_gradient(in.k, dk, loss, tag + "dk", 1e-2, 2e-3, 1e-2, 60, qk_nonzero);
+  expect_gradient(in.v, dv, loss, tag + "dv", 1e-2, 2e-3, 1e-2, 60);
+}
+
+TEST(AttentionKernel, GradientsSingleToken) { check_gradients(dims(2, 1, 2, 2, 8, 8, 0.f), 11); }
+TEST(AttentionKernel, GradientsMhaOddHeadDim) { check_gradients(dims(2, 7, 3, 3, 24, 10, 0.f), 12); }
+TEST(AttentionKernel, GradientsGqa2AcrossBlocks) { check_gradients(dims(1, 70, 4, 2, 24, 16, 0.f), 13); }
+TEST(AttentionKernel, GradientsMqa4Softcap) { check_gradients(dims(1, 67, 4, 1, 12, 8, 1.5f), 14); }
+TEST(AttentionKernel, GradientsGqa2Softcap) { check_gradients(dims(2, 9, 4, 2, 24, 24, 2.f), 15); }
+
+}  // namespace
+}  // namespace keel::kernels

@@ -1,0 +1,61 @@
+#include "keel/kernels/gemm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gradient_check.hpp"
+
+namespace keel::kernels {
+namespace {
+
+using testing::random_vector;
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+// All four transposition combinations, odd sizes and padded leading dimensions.
+TEST(GemmKernel, MatchesReferenceForAllTranspositions) {
+  const GemmCase cases[] = {
+      {false, false, 17, 33, 9, 1.f, 0.f},  {false, true, 31, 5, 64, 0.5f, 1.f},
+      {true, false, 7, 130, 21, 1.f, -0.5f}, {true, true, 65, 3, 1, 2.f, 0.25f},
+      {false, true, 1, 1, 1, 1.f, 0.f},     {true, false, 96, 80, 200, 1.f, 1.f},
+  };
+  for (const GemmCase& cs : cases) {
+    const int64_t pad = 3;
+    const int64_t lda = (cs.ta ? cs.m : cs.k) + pad, ldb = (cs.tb ? cs.k : cs.n) + pad, ldc = cs.n + pad;
+    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 1);
+    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 2);
+    auto c = random_vector(size_t(cs.m * ldc), 3);
+    if (cs.beta == 0.f) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());  // must be ignored
+    auto c_ref = c;
+    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+    gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
+    for (int64_t i = 0; i < cs.m; ++i)
+      for (int64_t j = 0; j < cs.n; ++j) {
+        const size_t idx = size_t(i * ldc + j);
+        ASSERT_NEAR(c[idx], c_ref[idx], 1e-5 * (1 + double(cs.k)))
+            << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " at " << i
+            << "," << j;
+      }
+    // Padding columns must be left untouched.
+    if (cs.beta != 0.f) {
+      for (int64_t i = 0; i < cs.m; ++i) EXPECT_EQ(c[size_t(i * ldc + cs.n)], c_ref[size_t(i * ldc + cs.n)]);
+    }
+  }
+}
+
+TEST(GemmKernel, ZeroInnerDimensionScalesByBeta) {
+  std::vector<float> c = {1.f, 2.f, 3.f, 4.f};
+  const float dummy = 0.f;
+  gemm(false, false, 2, 2, 0, 1.f, &dummy, 1, &dummy, 2, 0.5f, c.data(), 2);
+  EXPECT_FLOAT_EQ(c[0], 0.5f);
+  EXPECT_FLOAT_EQ(c[3], 2.f);
+}
+
+}  // namespace
+}  // namespace keel::kernels

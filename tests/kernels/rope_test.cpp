@@ -1,0 +1,98 @@
+#include "keel/kernels/rope.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numbers>
+
+#include "gradient_check.hpp"
+#include "keel/core/error.hpp"
+
+namespace keel::kernels {
+namespace {
+
+using testing::random_vector;
+
+// Llama 3.1 settings: theta 500000, head_dim 128, factor 8, low 1, high 4, original context 8192.
+// Thresholds: wavelengths above 8192/1 = 8192 are slowed 8x, below 8192/4 = 2048 are kept.
+TEST(RopeKernel, Llama3ScalingMatchesHandComputedFrequencies) {
+  const nlohmann::json scaling = {{"rope_type", "llama3"},
+                                  {"factor", 8.0},
+                                  {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 8192}};
+  const auto inv = rope_inv_freq(500000.0, 128, scaling);
+  ASSERT_EQ(inv.size(), 64u);
+  // i = 0: inv_freq 1, wavelength 2π, high frequency: unchanged.
+  EXPECT_DOUBLE_EQ(inv[0], 1.0);
+  // i = 8: 500000^(-16/128) = 0.1939227, wavelength 32.4: unchanged.
+  EXPECT_NEAR(inv[8], 0.1939227, 1e-6);
+  // i = 63: 500000^(-126/128) = 2.455141e-6, wavelength 2.56e6 > 8192: divided by 8 -> 3.068926e-7.
+  EXPECT_NEAR(inv[63], 3.068926e-7, 1e-12);
+  // i = 30: 500000^(-60/128) = 2.131120e-3, wavelength 2948.30 between 2048 and 8192: smoothed
+  // with s = (8192/2948.30 - 1)/(4 - 1) = 0.592849, f = (1-s)·f/8 + s·f = 1.371894e-3.
+  EXPECT_NEAR(inv[30], 1.371894e-3, 2e-9);
+  // The table holds cos/sin of position·inv_freq.
+  const RopeTable t = make_rope_table(500000.0, 128, 16, scaling);
+  EXPECT_NEAR(t.cos[size_t(5 * 64 + 30)], std::cos(5 * 1.371894e-3), 1e-6);
+  EXPECT_NEAR(t.sin[size_t(5 * 64 + 63)], std::sin(5 * 3.068926e-7), 1e-9);
+  EXPECT_NEAR(t.sin[size_t(3 * 64 + 0)], std::sin(3.0), 1e-6);
+}
+
+TEST(RopeKernel, LinearScalingDividesFrequencies) {
+  const auto plain = rope_inv_freq(10000.0, 8, nullptr);
+  const auto lin = rope_inv_freq(10000.0, 8, nlohmann::json{{"type", "linear"}, {"factor", 4.0}});
+  EXPECT_NEAR(plain[1], std::pow(10000.0, -2.0 / 8), 1e-12);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(lin[i], plain[i] / 4, 1e-12);
+}
+
+TEST(RopeKernel, UnsupportedScalingThrowsNamingTheField) {
+  try {
+    rope_inv_freq(10000.0, 8, nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}});
+    FAIL() << "expected keel::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "rope_scaling");
+    EXPECT_NE(e.reason().find("yarn"), std::string::npos);
+  }
+}
+
+// rotate-half on the first rotary_dim = 6 of head_dim = 10 dims; the last 4 pass through.
+TEST(RopeKernel, ForwardRotatesHalvesAndPassesTheRestThrough) {
+  const int64_t B = 2, T = 3, H = 2, D = 10, rd = 6;
+  const RopeTable t = make_rope_table(10000.0, rd, 8, nullptr);
+  const auto x0 = random_vector(size_t(B * T * H * D), 1);
+  auto x = x0;
+  rope_forward(x.data(), t, B, T, H, D);
+  const auto inv = rope_inv_freq(10000.0, rd, nullptr);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < T; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const size_t base = size_t(((b * T + s) * H + h) * D);
+        for (int64_t i = 0; i < rd / 2; ++i) {
+          const double a = double(s) * inv[size_t(i)];
+          const double x1 = x0[base + size_t(i)], x2 = x0[base + size_t(i + rd / 2)];
+          EXPECT_NEAR(x[base + size_t(i)], x1 * std::cos(a) - x2 * std::sin(a), 1e-6);
+          EXPECT_NEAR(x[base + size_t(i + rd / 2)], x2 * std::cos(a) + x1 * std::sin(a), 1e-6);
+        }
+        for (int64_t i = rd; i < D; ++i) EXPECT_EQ(x[base + size_t(i)], x0[base + size_t(i)]);
+      }
+}
+
+TEST(RopeKernel, BackwardMatchesFiniteDifferences) {
+  const int64_t B = 1, T = 5, H = 3, D = 10, rd = 6;
+  const RopeTable t = make_rope_table(10000.0, rd, 5, nullptr);
+  auto x = random_vector(size_t(B * T * H * D), 2);
+  const auto g = random_vector(x.size(), 3);
+  auto loss = [&] {
+    auto y = x;
+    rope_forward(y.data(), t, B, T, H, D);
+    return testing::dot(y, g);
+  };
+  auto dx = g;
+  rope_backward(dx.data(), t, B, T, H, D);
+  testing::expect_gradient(x, dx, loss, "rope dx");
+}
+
+}  // namespace
+}  // namespace keel::kernels
