@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of one training step (forward, backward, grad clip, AdamW): keel
+against the same model in PyTorch, same shapes, same thread count, in one run; prints both
+and their ratio, and peak memory of each.
+
+PyTorch runs the reference model of tools/reference_model.py (HF semantics, float32, autograd,
+torch.optim.AdamW) in a subprocess with OpenMP's OpenBLAS loaded in place of Debian's default
+pthread build (its best configuration on these machines). Each side runs in its own process so
+peak RSS is its own.
+
+    /usr/bin/python3 bench/train_step_vs_pytorch.py [--keel build/release/keel] [--cases small,gpt2,large]
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CASES = {
+    # name: (config, batch, seq)
+    "small": ("bench/configs/qwen3_small.json", 8, 256),
+    "gpt2": ("bench/configs/gpt2_small.json", 8, 256),
+    "large": ("bench/configs/qwen3_large.json", 4, 512),
+}
+OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+
+
+def torch_worker(config, batch, seq, steps, warmup):
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import reference_model as ref
+
+    torch.manual_seed(0)
+    cfg = json.load(open(os.path.join(ROOT, config)))
+    s = ref.resolve(cfg)
+    params = {}
+    decay, no_decay = [], []
+    for name, shape, kind in ref.tensor_layout(s):
+        if kind in ("norm_weight",):
+            t = torch.ones(shape)
+        elif kind in ("norm_bias", "bias"):
+            t = torch.zeros(shape)
+        else:
+            t = torch.randn(shape) * 0.02
+        t.requires_grad_(True)
+        params[name] = t
+        (decay if ref.decays(name, shape, kind) else no_decay).append(t)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
+    tokens = torch.randint(0, s["vocab"], (batch, seq))
+    plist = list(params.values())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits, _ = ref.forward(s, params, tokens)
+        loss, _ = ref.causal_lm_loss(logits, tokens, s["z_loss"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(plist, 1.0)
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    ms = (time.perf_counter() - start) * 1000.0 / steps
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps({"ms_per_step": ms, "tokens_per_s": batch * seq / (ms / 1000.0), "peak_rss_mb": rss,
+                      "threads": torch.get_num_threads()}))
+
+
+def run_torch(config, batch, seq, steps, warmup, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if os.path.isdir(OPENMP_BLAS):
+        env["LD_LIBRARY_PATH"] = OPENMP_BLAS + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    out = subprocess.run([sys.executable, __file__, "--torch-worker", config, str(batch), str(seq), str(steps),
+                          str(warmup)], env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_keel(keel, config, batch, seq, steps, warmup, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([keel, "bench", "--config", os.path.join(ROOT, config), "--batch", str(batch), "--seq",
+                          str(seq), "--steps", str(steps), "--warmup", str(warmup), "--json"],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
+        a = sys.argv[2:]
+        torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keel", default=os.path.join(ROOT, "build/release/keel"))
+    ap.add_argument("--cases", default="small,gpt2,large")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true", help="print one JSON object per case")
+    args = ap.parse_args()
+    rows = []
+    for case in args.cases.split(","):
+        config, batch, seq = CASES[case]
+        k = run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads)
+        t = run_torch(config, batch, seq, args.steps, args.warmup, args.threads)
+        row = {"case": case, "config": config, "batch": batch, "seq": seq,
+               "keel_tokens_per_s": round(k["tokens_per_s"], 1), "torch_tokens_per_s": round(t["tokens_per_s"], 1),
+               "speed_ratio": round(k["tokens_per_s"] / t["tokens_per_s"], 3),
+               "keel_peak_mb": round(k["peak_rss_mb"], 1), "torch_peak_mb": round(t["peak_rss_mb"], 1),
+               "memory_ratio": round(k["peak_rss_mb"] / t["peak_rss_mb"], 3)}
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"{case:6s} B={batch} T={seq}: keel {row['keel_tokens_per_s']:>9.0f} tok/s  "
+                  f"torch {row['torch_tokens_per_s']:>9.0f} tok/s  ratio {row['speed_ratio']:.2f}x  |  "
+                  f"peak RSS keel {row['keel_peak_mb']:.0f} MB, torch {row['torch_peak_mb']:.0f} MB "
+                  f"(ratio {row['memory_ratio']:.2f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
