@@ -56,7 +56,7 @@ def torch_worker(config, batch, seq, steps, warmup):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        logits, _ = ref.forward(s, params, tokens)
+        logits, _ = ref.forward(s, params, tokens, collect_stats=False)
         loss, _ = ref.causal_lm_loss(logits, tokens, s["z_loss"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plist, 1.0)

@@ -346,14 +346,14 @@ def decoder_layer(s, p, l, x, cos, sin, stats):
     return x
 
 
-def decoder_forward(s, p, tokens):
+def decoder_forward(s, p, tokens, collect_stats=True):
     """LlamaModel.forward + LlamaForCausalLM.forward. Returns (logits, max_logit[layers, heads]).
     logits are after the final soft-cap when configured (Gemma2ForCausalLM)."""
     T = tokens.shape[1]
     emb = p["model.embed_tokens.weight"]
     x = F.embedding(tokens, emb)
     cos, sin = rope_cos_sin(s, T, emb.dtype)
-    stats = []
+    stats = [] if collect_stats else None
     for l in range(s["layers"]):
         x = decoder_layer(s, p, l, x, cos, sin, stats)
     if s["placement"] != "post":
@@ -363,7 +363,7 @@ def decoder_forward(s, p, tokens):
     if s["final_softcap"]:
         c = s["final_softcap"]
         logits = c * torch.tanh(logits / c)
-    return logits, torch.stack(stats)
+    return logits, (torch.stack(stats) if collect_stats else None)
 
 
 def gpt2_attention(s, p, prefix, x, layer, stats):
@@ -389,13 +389,13 @@ def gpt2_mlp(s, p, prefix, x):
     return h @ p[prefix + ".c_proj.weight"] + p[prefix + ".c_proj.bias"]
 
 
-def gpt2_forward(s, p, tokens):
+def gpt2_forward(s, p, tokens, collect_stats=True):
     """GPT2Model.forward + GPT2LMHeadModel.forward: wte + wpe(0..T-1), pre-LN blocks
     (GPT2Block), ln_f, lm_head tied to wte."""
     T = tokens.shape[1]
     wte = p["transformer.wte.weight"]
     x = F.embedding(tokens, wte) + p["transformer.wpe.weight"][:T][None]
-    stats = []
+    stats = [] if collect_stats else None
     ln = lambda name, t: layer_norm(t, p[name + ".weight"], p[name + ".bias"], s["eps"])  # noqa: E731
     for l in range(s["layers"]):
         pre = f"transformer.h.{l}"
@@ -406,13 +406,14 @@ def gpt2_forward(s, p, tokens):
     if s["final_softcap"]:
         c = s["final_softcap"]
         logits = c * torch.tanh(logits / c)
-    return logits, torch.stack(stats)
+    return logits, (torch.stack(stats) if collect_stats else None)
 
 
-def forward(s, p, tokens):
+def forward(s, p, tokens, collect_stats=True):
+    """collect_stats=False skips the per-head max-logit bookkeeping (benchmarks time the bare model)."""
     if s["family"] == "gpt2":
-        return gpt2_forward(s, p, tokens)
-    return decoder_forward(s, p, tokens)
+        return gpt2_forward(s, p, tokens, collect_stats)
+    return decoder_forward(s, p, tokens, collect_stats)
 
 
 def causal_lm_loss(logits, tokens, z_loss=0.0):
