@@ -417,7 +417,7 @@ TEST_P(SafetensorsBadFile, ThrowsNamingFileFieldAndReason) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Classes, SafetensorsBadFile, ::testing::ValuesIn(bad_files()),
+INSTANTIATE_TEST_SUITE_P(Safetensors, SafetensorsBadFile, ::testing::ValuesIn(bad_files()),
                          [](const ::testing::TestParamInfo<BadFile>& info) { return std::string(info.param.label); });
 
 TEST(SafetensorsBadFiles, TruncatedAtEveryInterestingCut) {

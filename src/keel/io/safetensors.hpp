@@ -94,7 +94,10 @@ struct TensorToWrite {
 // F16, negative dimension, size overflow, non-string metadata value).
 //
 // Atomic: writes PATH.tmp-<pid>, fsyncs, renames over PATH and fsyncs the directory. On any
-// failure the temp file is removed and keel::Error thrown; PATH is never left partial.
+// failure the temp file is removed and keel::Error thrown; PATH is never left partial. (If
+// only the final directory fsync fails, PATH already holds the complete new file but the
+// rename may not survive a crash, so that is reported as an error too.) Two threads of one
+// process must not write the same PATH at once: they would share the temp name.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const nlohmann::json& metadata = nlohmann::json::object());
 
