@@ -18,6 +18,8 @@
 #include "keel/io/safetensors.hpp"
 #include "keel/optim/adamw.hpp"
 #include "keel/optim/grad_clip.hpp"
+#include "keel/train/run_config.hpp"
+#include "keel/train/trainer.hpp"
 
 namespace keel::cli {
 
@@ -145,50 +147,86 @@ void register_grad(CLI::App& app) {
   });
 }
 
+// The minimal loop of `keel train --model DIR --tokens FILE`: every step sees the same lines.
+void train_on_token_file(const std::string& model_dir, const std::string& tokens_path, int64_t steps, float lr,
+                         const std::string& out, int64_t batch_lines, const optim::AdamWConfig& adam, float clip,
+                         int64_t log_every) {
+  io::LoadedModel m = io::load_model_dir(model_dir);
+  auto lines = read_tokens_for(*m.model, tokens_path);
+  if (total_predicted(lines) == 0) throw Error(tokens_path, "", "no line has two or more tokens; nothing to predict");
+  auto& store = m.model->parameters();
+  optim::AdamW adamw(store, adam);
+  const size_t per_step = batch_lines > 0 ? std::min(lines.size(), static_cast<size_t>(batch_lines)) : lines.size();
+  size_t cursor = 0;
+  for (int64_t step = 1; step <= steps; ++step) {
+    if (cursor + per_step > lines.size()) cursor = 0;
+    store.zero_grad();
+    auto [ce, z] = accumulate_gradients(*m.model, lines, cursor, cursor + per_step);
+    cursor += per_step;
+    double norm = clip > 0 ? optim::clip_grad_norm(store.grads(), clip) : optim::global_grad_norm(store.grads());
+    adamw.step(store, lr);
+    if (step % log_every == 0 || step == steps) {
+      std::printf("step %lld  loss %.6f  grad_norm %.4f\n", static_cast<long long>(step), ce + m.model->spec().z_loss * z,
+                  norm);
+      std::fflush(stdout);
+    }
+    if (!std::isfinite(ce)) throw Error(tokens_path, "", "loss became non-finite at step " + std::to_string(step));
+  }
+  io::save_model_dir(out, m.config, *m.model);
+  std::printf("wrote %s\n", out.c_str());
+}
+
 void register_train(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Train a model directory on a token file with AdamW (minimal loop)");
+  auto* cmd = app.add_subcommand(
+      "train",
+      "Train a model. Full runs: `keel train --config RUN.toml [--set section.key=value ...]` and "
+      "`keel train --resume RUN_DIR`. Minimal loop: `keel train --model DIR --tokens FILE --steps N --lr X --out DIR2`");
   struct Options {
+    std::string config, resume;
+    std::vector<std::string> sets;
+    bool tensorboard = false;
     std::string model, tokens, out;
     int64_t steps = 0, batch_lines = 0, log_every = 1;
-    float lr = 1e-3f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip = 1.0f;
+    float lr = -1.f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip = 1.0f;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--model", o->model, "model directory to start from")->required();
-  cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
-  cmd->add_option("--steps", o->steps, "optimizer steps")->required()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--lr", o->lr, "learning rate (constant)")->required()->check(CLI::Range(0.0, 1e3));
-  cmd->add_option("--out", o->out, "model directory to write when done")->required();
-  cmd->add_option("--batch-lines", o->batch_lines, "lines per step, cycling through the file (default: all)");
-  cmd->add_option("--weight-decay", o->weight_decay, "decoupled weight decay on matrices (not norms, biases, embeddings)");
-  cmd->add_option("--beta1", o->beta1, "AdamW beta1");
-  cmd->add_option("--beta2", o->beta2, "AdamW beta2");
-  cmd->add_option("--eps", o->eps, "AdamW epsilon");
-  cmd->add_option("--clip", o->clip, "global grad-norm clipping threshold (0 = off)");
-  cmd->add_option("--log-every", o->log_every, "print every N steps");
+  cmd->add_option("--config", o->config, "run config (TOML): model, data, batch, optimizer, schedule, eval, checkpoint");
+  cmd->add_option("--resume", o->resume, "continue the run in RUN_DIR from its newest complete checkpoint");
+  cmd->add_option("--set", o->sets, "override a run-config key, section.key=value (repeatable), e.g. run.steps=50");
+  cmd->add_flag("--tensorboard", o->tensorboard, "also write TensorBoard event files into RUN_DIR/tensorboard");
+  cmd->add_option("--model", o->model, "minimal loop: model directory to start from");
+  cmd->add_option("--tokens", o->tokens, "minimal loop: token file, one sequence per line");
+  cmd->add_option("--steps", o->steps, "minimal loop: optimizer steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--lr", o->lr, "minimal loop: learning rate (constant)")->check(CLI::Range(0.0, 1e3));
+  cmd->add_option("--out", o->out, "minimal loop: model directory to write when done");
+  cmd->add_option("--batch-lines", o->batch_lines, "minimal loop: lines per step, cycling through the file (default: all)");
+  cmd->add_option("--weight-decay", o->weight_decay, "minimal loop: decoupled weight decay on matrices");
+  cmd->add_option("--beta1", o->beta1, "minimal loop: AdamW beta1");
+  cmd->add_option("--beta2", o->beta2, "minimal loop: AdamW beta2");
+  cmd->add_option("--eps", o->eps, "minimal loop: AdamW epsilon");
+  cmd->add_option("--clip", o->clip, "minimal loop: global grad-norm clipping threshold (0 = off)");
+  cmd->add_option("--log-every", o->log_every, "minimal loop: print every N steps");
   cmd->callback([o] {
-    io::LoadedModel m = io::load_model_dir(o->model);
-    auto lines = read_tokens_for(*m.model, o->tokens);
-    if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
-    auto& store = m.model->parameters();
-    optim::AdamW adamw(store, {o->beta1, o->beta2, o->eps, o->weight_decay});
-    const size_t per_step = o->batch_lines > 0 ? std::min(lines.size(), static_cast<size_t>(o->batch_lines)) : lines.size();
-    size_t cursor = 0;
-    for (int64_t step = 1; step <= o->steps; ++step) {
-      if (cursor + per_step > lines.size()) cursor = 0;
-      store.zero_grad();
-      auto [ce, z] = accumulate_gradients(*m.model, lines, cursor, cursor + per_step);
-      cursor += per_step;
-      double norm = o->clip > 0 ? optim::clip_grad_norm(store.grads(), o->clip) : optim::global_grad_norm(store.grads());
-      adamw.step(store, o->lr);
-      if (step % o->log_every == 0 || step == o->steps) {
-        std::printf("step %lld  loss %.6f  grad_norm %.4f\n", static_cast<long long>(step),
-                    ce + m.model->spec().z_loss * z, norm);
-        std::fflush(stdout);
-      }
-      if (!std::isfinite(ce)) throw Error(o->tokens, "", "loss became non-finite at step " + std::to_string(step));
+    train::TrainOptions options;
+    options.tensorboard = o->tensorboard;
+    if (!o->resume.empty()) {
+      auto r = train::resume(o->resume, o->sets, options);
+      std::printf("resumed %s to step %lld; checkpoint %s\n", r.run_dir.c_str(), static_cast<long long>(r.steps),
+                  r.checkpoint.c_str());
+      return;
     }
-    io::save_model_dir(o->out, m.config, *m.model);
-    std::printf("wrote %s\n", o->out.c_str());
+    if (!o->config.empty()) {
+      auto r = train::train(train::load_run_config(o->config, o->sets), options);
+      std::printf("done: %lld steps, %lld tokens, loss %.4f, val_loss %.4f\nmetrics: %s/metrics.jsonl\ncheckpoint: %s\n",
+                  static_cast<long long>(r.steps), static_cast<long long>(r.tokens), r.final_loss, r.final_val_loss,
+                  r.run_dir.c_str(), r.checkpoint.c_str());
+      return;
+    }
+    if (o->model.empty() || o->tokens.empty() || o->out.empty() || o->steps <= 0 || o->lr < 0) {
+      throw Error("", "train", "give --config RUN.toml, --resume RUN_DIR, or all of --model, --tokens, --steps, --lr, --out");
+    }
+    train_on_token_file(o->model, o->tokens, o->steps, o->lr, o->out, o->batch_lines,
+                        {o->beta1, o->beta2, o->eps, o->weight_decay}, o->clip, o->log_every);
   });
 }
 

@@ -1,16 +1,30 @@
 #include "keel/optim/grad_clip.hpp"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace keel::optim {
 
 double global_grad_norm(std::span<const float> grads) {
-  double sum = 0.0;
+  // Fixed chunks summed in a fixed order: the norm (and so the clip) is bit-identical from run
+  // to run whatever the threads do, which exact resume relies on. An OpenMP reduction would
+  // combine partial sums in arrival order.
+  constexpr int64_t kChunk = 1 << 16;
   const float* g = grads.data();
   const int64_t n = static_cast<int64_t>(grads.size());
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0.0;
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double sum = 0.0;
+  for (double s : partial) sum += s;
   return std::sqrt(sum);
 }
 

@@ -1,0 +1,278 @@
+#include "keel/train/run_config.hpp"
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <toml++/toml.h>
+
+#include "keel/core/error.hpp"
+
+namespace keel::train {
+
+namespace {
+
+// Reads one section, remembering which keys were consumed so the rest can be reported.
+class Section {
+ public:
+  Section(const toml::table* table, std::string name, std::string source)
+      : table_(table), name_(std::move(name)), source_(std::move(source)) {}
+
+  template <typename T>
+  T get(const std::string& key, T fallback) {
+    used_.insert(key);
+    if (!table_) return fallback;
+    const toml::node* node = table_->get(key);
+    if (!node) return fallback;
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (auto v = node->value<std::string>()) return *v;
+      fail(key, "expected a string");
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (auto v = node->value<bool>()) return *v;
+      fail(key, "expected true or false");
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!node->is_integer()) fail(key, "expected an integer");
+      return static_cast<T>(*node->value<int64_t>());
+    } else {
+      if (!node->is_number()) fail(key, "expected a number");
+      return *node->value<double>();
+    }
+  }
+  int64_t positive(const std::string& key, int64_t fallback, int64_t min = 1) {
+    int64_t v = get<int64_t>(key, fallback);
+    if (v < min) fail(key, "must be at least " + std::to_string(min) + ", got " + std::to_string(v));
+    return v;
+  }
+  double non_negative(const std::string& key, double fallback) {
+    double v = get<double>(key, fallback);
+    if (!(v >= 0)) fail(key, "must be non-negative");
+    return v;
+  }
+  std::vector<std::string> strings(const std::string& key) {
+    used_.insert(key);
+    std::vector<std::string> out;
+    if (!table_) return out;
+    const toml::node* node = table_->get(key);
+    if (!node) return out;
+    const toml::array* arr = node->as_array();
+    if (!arr) fail(key, "expected an array of strings");
+    for (const auto& item : *arr) {
+      auto v = item.value<std::string>();
+      if (!v) fail(key, "expected an array of strings");
+      out.push_back(*v);
+    }
+    return out;
+  }
+  const toml::array* array(const std::string& key) {
+    used_.insert(key);
+    if (!table_) return nullptr;
+    const toml::node* node = table_->get(key);
+    if (!node) return nullptr;
+    if (!node->as_array()) fail(key, "expected an array");
+    return node->as_array();
+  }
+  void finish() const {
+    if (!table_) return;
+    for (const auto& [key, value] : *table_) {
+      if (!used_.contains(std::string(key.str()))) fail(std::string(key.str()), "unknown key");
+    }
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& reason) const {
+    throw Error(source_, name_ + "." + key, reason);
+  }
+
+ private:
+  const toml::table* table_;
+  std::string name_, source_;
+  std::set<std::string> used_;
+};
+
+void apply_override(toml::table& root, const std::string& item, const std::string& source) {
+  auto eq = item.find('=');
+  auto dot = item.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+    throw Error(source, item, "an override must look like section.key=value");
+  }
+  const std::string section = item.substr(0, dot), key = item.substr(dot + 1, eq - dot - 1),
+                    text = item.substr(eq + 1);
+  if (section.empty() || key.empty()) throw Error(source, item, "an override must look like section.key=value");
+  toml::node* sec = root.get(section);
+  if (!sec) {
+    root.insert(section, toml::table{});
+    sec = root.get(section);
+  }
+  if (!sec->is_table()) throw Error(source, section, "is not a section");
+  // Parse the value as TOML ("x = <text>"); anything that does not parse is a bare string.
+  try {
+    toml::table parsed = toml::parse("x = " + text);
+    sec->as_table()->insert_or_assign(key, *parsed.get("x"));
+  } catch (const toml::parse_error&) {
+    sec->as_table()->insert_or_assign(key, text);
+  }
+}
+
+RunConfig type_config(const toml::table& root, const std::string& source) {
+  static const std::set<std::string> sections = {"run", "model", "data", "batch", "optimizer", "schedule", "eval", "checkpoint"};
+  for (const auto& [key, value] : root) {
+    if (!sections.contains(std::string(key.str()))) {
+      throw Error(source, std::string(key.str()),
+                  "unknown section; supported: run, model, data, batch, optimizer, schedule, eval, checkpoint");
+    }
+    if (!value.is_table()) throw Error(source, std::string(key.str()), "expected a [section]");
+  }
+  auto section = [&](const char* name) { return Section(root.get_as<toml::table>(name), name, source); };
+  RunConfig c;
+  c.source = source;
+
+  Section run = section("run");
+  c.steps = run.positive("steps", c.steps);
+  c.out = run.get<std::string>("out", c.out);
+  c.seed = static_cast<uint64_t>(run.positive("seed", 1, 0));
+  c.log_every = run.positive("log_every", c.log_every);
+  run.finish();
+
+  Section model = section("model");
+  c.model_config = model.get<std::string>("config", "");
+  if (c.model_config.empty()) model.fail("config", "is required: the HF config.json of the model to train");
+  c.model_set = model.strings("set");
+  model.finish();
+
+  Section data = section("data");
+  c.dataset = data.get<std::string>("dataset", "");
+  if (c.dataset.empty()) data.fail("dataset", "is required: a folder written by `keel data prepare`");
+  c.tokenizer = data.get<std::string>("tokenizer", "");
+  data.finish();
+
+  Section batch = section("batch");
+  c.sequences = batch.positive("sequences", c.sequences);
+  c.seq_len = batch.positive("seq_len", c.seq_len);
+  c.grad_accum = batch.positive("grad_accum", c.grad_accum);
+  c.ramp.micro_sequences = c.sequences;
+  c.ramp.start_sequences = batch.positive("ramp_start_sequences", 0, 0);
+  c.ramp.end_sequences = batch.positive("ramp_end_sequences", 0, 0);
+  c.ramp.ramp_tokens = batch.positive("ramp_tokens", 0, 0);
+  if ((c.ramp.start_sequences > 0) != (c.ramp.end_sequences > 0)) {
+    batch.fail("ramp_end_sequences", "a ramp needs both ramp_start_sequences and ramp_end_sequences");
+  }
+  if (c.ramp.start_sequences > 0 && c.ramp.start_sequences < c.sequences) {
+    batch.fail("ramp_start_sequences", "must be at least one micro-batch (batch.sequences)");
+  }
+  batch.finish();
+
+  Section opt = section("optimizer");
+  c.optimizer = opt.get<std::string>("name", c.optimizer);
+  if (c.optimizer != "adamw") opt.fail("name", "unknown optimizer '" + c.optimizer + "'; supported: adamw");
+  c.lr = opt.non_negative("lr", c.lr);
+  c.beta1 = opt.non_negative("beta1", c.beta1);
+  c.beta2 = opt.non_negative("beta2", c.beta2);
+  if (c.beta1 >= 1) opt.fail("beta1", "must be below 1");
+  if (c.beta2 >= 1) opt.fail("beta2", "must be below 1");
+  c.eps = opt.non_negative("eps", c.eps);
+  c.weight_decay = opt.non_negative("weight_decay", c.weight_decay);
+  c.clip = opt.non_negative("clip", c.clip);
+  opt.finish();
+
+  Section sched = section("schedule");
+  ScheduleConfig& s = c.schedule;
+  try {
+    s.kind = parse_schedule_kind(sched.get<std::string>("kind", "constant"));
+  } catch (const std::invalid_argument& e) {
+    sched.fail("kind", e.what());
+  }
+  s.peak_lr = c.lr;
+  s.total_steps = c.steps;
+  s.final_lr = sched.non_negative("final_lr", 0.1 * c.lr);
+  s.warmup_steps = sched.positive("warmup_steps", 0, 0);
+  s.hold_tokens = sched.positive("hold_tokens", 0, 0);
+  s.decay_tokens = sched.positive("decay_tokens", 0, 0);
+  s.decay_steps = sched.positive("decay_steps", 0, 0);
+  try {
+    s.decay_shape = parse_decay_shape(sched.get<std::string>("decay_shape", "linear"));
+  } catch (const std::invalid_argument& e) {
+    sched.fail("decay_shape", e.what());
+  }
+  if (const toml::array* tails = sched.array("tails")) {
+    for (const auto& item : *tails) {
+      const toml::table* t = item.as_table();
+      if (!t || !t->get("until_tokens") || !t->get("lr") || !t->get("until_tokens")->is_integer() ||
+          !t->get("lr")->is_number()) {
+        sched.fail("tails", "each tail is {until_tokens = <int>, lr = <number>}");
+      }
+      s.tails.push_back({*t->get("until_tokens")->value<int64_t>(), *t->get("lr")->value<double>()});
+    }
+  }
+  if (s.kind == ScheduleKind::WarmupHoldCosine && s.decay_tokens <= 0) {
+    sched.fail("decay_tokens", "warmup_hold_cosine needs decay_tokens > 0");
+  }
+  if (s.kind == ScheduleKind::Wsd && s.decay_steps > c.steps) sched.fail("decay_steps", "exceeds run.steps");
+  sched.finish();
+
+  Section eval = section("eval");
+  c.eval_every = eval.positive("every", 0, 0);
+  c.eval_batches = eval.positive("batches", c.eval_batches);
+  eval.finish();
+
+  Section ckpt = section("checkpoint");
+  c.checkpoint_every = ckpt.positive("every", 0, 0);
+  c.checkpoint_keep = ckpt.positive("keep", c.checkpoint_keep);
+  ckpt.finish();
+  return c;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& err) {
+    throw Error(source, "", "not valid TOML at line " + std::to_string(err.source().begin.line) + ": " +
+                                std::string(err.description()));
+  }
+  for (const auto& item : overrides) apply_override(root, item, source);
+  return type_config(root, source);
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path, "", "cannot open the run config");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), path, overrides);
+}
+
+std::string to_toml(const RunConfig& c) {
+  toml::table root;
+  root.insert("run", toml::table{{"steps", c.steps}, {"out", c.out}, {"seed", static_cast<int64_t>(c.seed)},
+                                  {"log_every", c.log_every}});
+  toml::array sets;
+  for (const auto& s : c.model_set) sets.push_back(s);
+  root.insert("model", toml::table{{"config", c.model_config}, {"set", sets}});
+  root.insert("data", toml::table{{"dataset", c.dataset}, {"tokenizer", c.tokenizer}});
+  root.insert("batch", toml::table{{"sequences", c.sequences}, {"seq_len", c.seq_len}, {"grad_accum", c.grad_accum},
+                                    {"ramp_start_sequences", c.ramp.start_sequences},
+                                    {"ramp_end_sequences", c.ramp.end_sequences}, {"ramp_tokens", c.ramp.ramp_tokens}});
+  root.insert("optimizer", toml::table{{"name", c.optimizer}, {"lr", c.lr}, {"beta1", c.beta1}, {"beta2", c.beta2},
+                                        {"eps", c.eps}, {"weight_decay", c.weight_decay}, {"clip", c.clip}});
+  const char* kinds[] = {"constant", "warmup", "cosine", "warmup_hold_cosine", "wsd"};
+  const char* shapes[] = {"linear", "cosine", "1-sqrt"};
+  toml::array tails;
+  for (const auto& t : c.schedule.tails) tails.push_back(toml::table{{"until_tokens", t.until_tokens}, {"lr", t.lr}});
+  root.insert("schedule", toml::table{{"kind", kinds[static_cast<int>(c.schedule.kind)]},
+                                       {"final_lr", c.schedule.final_lr},
+                                       {"warmup_steps", c.schedule.warmup_steps},
+                                       {"hold_tokens", c.schedule.hold_tokens},
+                                       {"decay_tokens", c.schedule.decay_tokens},
+                                       {"decay_steps", c.schedule.decay_steps},
+                                       {"decay_shape", shapes[static_cast<int>(c.schedule.decay_shape)]},
+                                       {"tails", tails}});
+  root.insert("eval", toml::table{{"every", c.eval_every}, {"batches", c.eval_batches}});
+  root.insert("checkpoint", toml::table{{"every", c.checkpoint_every}, {"keep", c.checkpoint_keep}});
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
+}
+
+}  // namespace keel::train

@@ -1,0 +1,55 @@
+#pragma once
+// A training run described by a TOML file (configs/runs/*.toml). Every section and key is typed
+// here; an unknown key or a value of the wrong type is a keel::Error naming `section.key`.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/train/schedule.hpp"
+
+namespace keel::train {
+
+struct RunConfig {
+  // [run]
+  int64_t steps = 100;
+  std::string out = "runs/run";
+  uint64_t seed = 1;
+  int64_t log_every = 10;
+  // [model]
+  std::string model_config;               // HF config.json (may carry a "keel" object)
+  std::vector<std::string> model_set;     // overrides applied to it, "key=value"
+  // [data]
+  std::string dataset;                    // folder written by `keel data prepare`
+  std::string tokenizer;                  // tokenizer.json used to prepare it (for generation/export)
+  // [batch]
+  int64_t sequences = 8;                  // per micro-batch
+  int64_t seq_len = 128;
+  int64_t grad_accum = 1;
+  BatchRamp ramp;                         // ramp.micro_sequences mirrors `sequences`
+  // [optimizer]
+  std::string optimizer = "adamw";
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double clip = 1.0;                      // 0 = off
+  // [schedule]
+  ScheduleConfig schedule;                // peak_lr = lr, total_steps = steps
+  // [eval]
+  int64_t eval_every = 0;                 // 0 = only at the end
+  int64_t eval_batches = 4;
+  // [checkpoint]
+  int64_t checkpoint_every = 0;           // 0 = only at the end
+  int64_t checkpoint_keep = 3;
+
+  std::string source;                     // file it came from
+};
+
+// Parses TOML text, applies overrides "section.key=value" (value parsed as a TOML value, else a
+// string), and types everything.
+RunConfig parse_run_config(const std::string& text, const std::string& source,
+                           const std::vector<std::string>& overrides = {});
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The TOML text of a typed config (written into the run folder; parses back to the same config).
+std::string to_toml(const RunConfig& c);
+
+}  // namespace keel::train
