@@ -94,5 +94,32 @@ TEST(RopeKernel, BackwardMatchesFiniteDifferences) {
   testing::expect_gradient(x, dx, loss, "rope dx");
 }
 
+// Rotating tokens at positions p0.. one slice at a time equals rotating the whole sequence:
+// what a KV cache does when it appends tokens to a sequence already rotated.
+TEST(RopeKernel, ForwardAtContinuesTheSequenceFromAnyPosition) {
+  const int64_t T = 9, H = 3, D = 10, rd = 8;
+  const RopeTable t = make_rope_table(500000.0, rd, 16, nullptr);
+  const auto x0 = random_vector(size_t(T * H * D), 4);
+  auto whole = x0;
+  rope_forward(whole.data(), t, 1, T, H, D);
+  auto pieces = x0;
+  const int64_t cuts[] = {0, 1, 4, 5, T};  // slices of 1, 3, 1 and 4 tokens
+  for (size_t c = 0; c + 1 < std::size(cuts); ++c) {
+    rope_forward_at(pieces.data() + cuts[c] * H * D, t, cuts[c + 1] - cuts[c], H, D, cuts[c]);
+  }
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(pieces[i], whole[i]) << "element " << i;
+
+  // A single token at the table's last position uses the last row.
+  auto one = std::vector<float>(x0.begin(), x0.begin() + H * D);
+  rope_forward_at(one.data(), t, 1, H, D, 15);
+  const auto inv = rope_inv_freq(500000.0, rd, nullptr);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < rd / 2; ++i) {
+      const double a = 15.0 * inv[size_t(i)];
+      const double x1 = x0[size_t(h * D + i)], x2 = x0[size_t(h * D + i + rd / 2)];
+      EXPECT_NEAR(one[size_t(h * D + i)], x1 * std::cos(a) - x2 * std::sin(a), 1e-6);
+    }
+}
+
 }  // namespace
 }  // namespace keel::kernels

@@ -85,14 +85,15 @@ RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_position
 
 namespace {
 
+// Token bt of the (batch·seq) rows sits at position first_position + bt % seq.
 // sign = +1 rotates by +angle (forward), -1 by -angle (backward, the transpose).
 void rope_apply(float* x, const RopeTable& table, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                float sign) {
-  KEEL_CHECK(table.rotary_dim <= head_dim && seq <= table.max_positions);
+                int64_t first_position, float sign) {
+  KEEL_CHECK(table.rotary_dim <= head_dim && first_position >= 0 && first_position + seq <= table.max_positions);
   const int64_t half = table.rotary_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (batch * seq > 1)
   for (int64_t bt = 0; bt < batch * seq; ++bt) {
-    const int64_t t = bt % seq;
+    const int64_t t = first_position + bt % seq;
     const float* c = table.cos.data() + t * half;
     const float* s = table.sin.data() + t * half;
     for (int64_t h = 0; h < heads; ++h) {
@@ -112,12 +113,18 @@ void rope_apply(float* x, const RopeTable& table, int64_t batch, int64_t seq, in
 
 // x: (B, T, H, D), in place
 void rope_forward(float* x, const RopeTable& table, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
-  rope_apply(x, table, batch, seq, heads, head_dim, 1.f);
+  rope_apply(x, table, batch, seq, heads, head_dim, 0, 1.f);
+}
+
+// x: (tokens, H, D), in place, positions first_position..first_position+tokens-1
+void rope_forward_at(float* x, const RopeTable& table, int64_t tokens, int64_t heads, int64_t head_dim,
+                     int64_t first_position) {
+  rope_apply(x, table, 1, tokens, heads, head_dim, first_position, 1.f);
 }
 
 // dx: (B, T, H, D), in place (the inverse rotation)
 void rope_backward(float* dx, const RopeTable& table, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
-  rope_apply(dx, table, batch, seq, heads, head_dim, -1.f);
+  rope_apply(dx, table, batch, seq, heads, head_dim, 0, -1.f);
 }
 
 }  // namespace keel::kernels

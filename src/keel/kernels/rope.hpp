@@ -25,6 +25,12 @@ std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohma
 // rotary_dim dims of each head, pairing dim i with i + rotary_dim/2; the rest pass through.
 void rope_forward(float* x, const RopeTable& table, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
 
+// x: (tokens, H, D), in place; token i sits at position first_position + i (decoding with a KV
+// cache, where new tokens continue a sequence). rope_forward is this with first_position 0 per
+// sequence.
+void rope_forward_at(float* x, const RopeTable& table, int64_t tokens, int64_t heads, int64_t head_dim,
+                     int64_t first_position);
+
 // dx: (B, T, H, D), in place: the rotation is orthogonal, so the gradient is rotated back by
 // the inverse (transposed) rotation. Overwrites rather than accumulates.
 void rope_backward(float* dx, const RopeTable& table, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
