@@ -1,0 +1,92 @@
+// The run config: typed sections, unknown keys and wrong types named, --set overrides.
+#include <gtest/gtest.h>
+
+#include "keel/core/error.hpp"
+#include "keel/train/run_config.hpp"
+
+namespace keel::train {
+namespace {
+
+const char* kBase = R"(
+[run]
+steps = 30
+out = "runs/x"
+[model]
+config = "configs/tiny/qwen3.json"
+set = ["vocab_size=64"]
+[data]
+dataset = "data/x"
+[batch]
+sequences = 4
+seq_len = 16
+[optimizer]
+lr = 0.01
+[schedule]
+kind = "warmup_hold_cosine"
+warmup_steps = 5
+hold_tokens = 100
+decay_tokens = 200
+tails = [{until_tokens = 400, lr = 0.001}]
+[eval]
+every = 10
+[checkpoint]
+every = 10
+keep = 2
+)";
+
+std::string error_field(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_run_config(text, "run.toml", sets);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.file(), "run.toml");
+    return e.field();
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
+}
+
+TEST(RunConfig, ParsesEverySection) {
+  RunConfig c = parse_run_config(kBase, "run.toml");
+  EXPECT_EQ(c.steps, 30);
+  EXPECT_EQ(c.model_set, std::vector<std::string>{"vocab_size=64"});
+  EXPECT_EQ(c.sequences, 4);
+  EXPECT_EQ(c.ramp.micro_sequences, 4);
+  EXPECT_DOUBLE_EQ(c.schedule.peak_lr, 0.01);
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::WarmupHoldCosine);
+  ASSERT_EQ(c.schedule.tails.size(), 1u);
+  EXPECT_EQ(c.schedule.tails[0].until_tokens, 400);
+  EXPECT_EQ(c.checkpoint_keep, 2);
+}
+
+TEST(RunConfig, OverridesTakeTomlValuesOrStrings) {
+  RunConfig c = parse_run_config(kBase, "run.toml", {"run.steps=7", "run.out=/tmp/elsewhere", "checkpoint.every=3",
+                                                     "optimizer.lr=2e-3", "schedule.kind=wsd", "schedule.decay_steps=2"});
+  EXPECT_EQ(c.steps, 7);
+  EXPECT_EQ(c.out, "/tmp/elsewhere");
+  EXPECT_EQ(c.checkpoint_every, 3);
+  EXPECT_DOUBLE_EQ(c.lr, 2e-3);
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::Wsd);
+}
+
+TEST(RunConfig, ErrorsNameTheKey) {
+  EXPECT_EQ(error_field(std::string(kBase) + "\n[optimiser]\nlr = 1\n"), "optimiser");
+  EXPECT_EQ(error_field(kBase, {"run.stpes=3"}), "run.stpes");
+  EXPECT_EQ(error_field(kBase, {"batch.sequences=\"many\""}), "batch.sequences");
+  EXPECT_EQ(error_field(kBase, {"batch.seq_len=0"}), "batch.seq_len");
+  EXPECT_EQ(error_field(kBase, {"schedule.kind=cosinus"}), "schedule.kind");
+  EXPECT_EQ(error_field(kBase, {"optimizer.name=sgd"}), "optimizer.name");
+  EXPECT_EQ(error_field(kBase, {"steps=3"}), "steps=3");
+  EXPECT_EQ(error_field("[run]\nsteps = 3\n"), "model.config");
+  EXPECT_EQ(error_field("[run\nsteps = 3\n"), "");  // not TOML at all: the file is named, no field
+}
+
+TEST(RunConfig, TomlRoundTrip) {
+  RunConfig a = parse_run_config(kBase, "run.toml");
+  RunConfig b = parse_run_config(to_toml(a), "again.toml");
+  EXPECT_EQ(to_toml(a), to_toml(b));
+  EXPECT_EQ(b.schedule.hold_tokens, 100);
+  EXPECT_EQ(b.model_set, a.model_set);
+}
+
+}  // namespace
+}  // namespace keel::train
