@@ -1,0 +1,37 @@
+#pragma once
+// Raw text into documents, the unit a prepared dataset splits into train and val. A text file
+// is one document, except that lines holding only "<|endoftext|>" separate documents inside a
+// file (the layout of corpora such as TinyStories). Files in the Brown corpus's tagged form
+// ("The/at Fulton/np-tl ...") are recognized and reduced to their plain words.
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace keel::data {
+
+struct Document {
+  std::string name;  // where it came from: "PATH", or "PATH#K" for the K-th document of a file
+  std::string text;
+};
+
+// A path may be a file or a directory (all regular files under it, recursively, in name order;
+// names starting with '.' are skipped). keel::Error(path, "", reason) for a path that does not
+// exist or cannot be read, or a directory without files.
+std::vector<Document> read_documents(const std::vector<std::string>& paths);
+
+// The documents of one file's text: split at lines holding only "<|endoftext|>", Brown tags
+// stripped when the text looks tagged, empty documents dropped.
+std::vector<Document> documents_from_text(const std::string& name, std::string_view text);
+
+// Brown corpus form C: whitespace-separated word/tag tokens, one sentence per line. Each token
+// becomes the text before its last '/' (a token without '/' is kept whole), empty results are
+// dropped, the words of a line are joined by single spaces, and the line breaks stay where they
+// were (so blank lines between paragraphs survive). Nothing else is changed.
+// "The/at Fulton/np-tl County/nn-tl" -> "The Fulton County"
+std::string strip_brown_tags(std::string_view tagged);
+
+// True when nearly all (>= 90%) of the first 1000 whitespace-separated tokens are word/tag with
+// a Brown tag (lowercase letters and $'()*+,-.:`), and there are at least 3 of them.
+bool looks_brown_tagged(std::string_view text);
+
+}  // namespace keel::data
