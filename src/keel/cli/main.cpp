@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "keel 0.1.0");
   keel::cli::register_inspect(app);
   keel::cli::register_model_commands(app);
+  keel::cli::register_data_commands(app);
+  keel::cli::register_generate_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

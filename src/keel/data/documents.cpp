@@ -38,40 +38,6 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
-std::string strip_brown_tags(std::string_view tagged) {
-  std::string out;
-  out.reserve(tagged.size());
-  size_t line_start = 0;
-  while (line_start <= tagged.size()) {
-    size_t line_end = tagged.find('\n', line_start);
-    const bool last = line_end == std::string_view::npos;
-    if (last) line_end = tagged.size();
-    const std::string_view line = tagged.substr(line_start, line_end - line_start);
-    bool first_word = true;
-    size_t i = 0;
-    while (i < line.size()) {
-      while (i < line.size() && is_space(line[i])) ++i;
-      size_t j = i;
-      while (j < line.size() && !is_space(line[j])) ++j;
-      if (j > i) {
-        std::string_view token = line.substr(i, j - i);
-        const size_t slash = token.rfind('/');
-        if (slash != std::string_view::npos) token = token.substr(0, slash);
-        if (!token.empty()) {
-          if (!first_word) out.push_back(' ');
-          out.append(token);
-          first_word = false;
-        }
-      }
-      i = j;
-    }
-    if (last) break;
-    out.push_back('\n');
-    line_start = line_end + 1;
-  }
-  return out;
-}
-
 bool looks_brown_tagged(std::string_view text) {
   int tokens = 0, tagged = 0;
   size_t i = 0;

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/data/brown_corpus.hpp"
+
 namespace keel::data {
 
 struct Document {
@@ -23,12 +25,7 @@ std::vector<Document> read_documents(const std::vector<std::string>& paths);
 // stripped when the text looks tagged, empty documents dropped.
 std::vector<Document> documents_from_text(const std::string& name, std::string_view text);
 
-// Brown corpus form C: whitespace-separated word/tag tokens, one sentence per line. Each token
-// becomes the text before its last '/' (a token without '/' is kept whole), empty results are
-// dropped, the words of a line are joined by single spaces, and the line breaks stay where they
-// were (so blank lines between paragraphs survive). Nothing else is changed.
-// "The/at Fulton/np-tl County/nn-tl" -> "The Fulton County"
-std::string strip_brown_tags(std::string_view tagged);
+// strip_brown_tags (the rule for tagged files) lives in brown_corpus.hpp.
 
 // True when nearly all (>= 90%) of the first 1000 whitespace-separated tokens are word/tag with
 // a Brown tag (lowercase letters and $'()*+,-.:`), and there are at least 3 of them.
