@@ -148,6 +148,17 @@ TEST_F(GeneratorSampling, TopKOneIsGreedy) {
   EXPECT_EQ(run({.temperature = 1.5, .top_k = 1, .top_p = 1.0, .seed = 3}).ids, run({}).ids);
 }
 
+TEST_F(GeneratorSampling, VocabLimitKeepsDrawsBelowIt) {
+  Generator gen(*model_);
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.sampling = {.temperature = 2.0, .top_k = 0, .top_p = 1.0, .seed = 1};
+  o.vocab_limit = 10;
+  for (int32_t id : generate(gen, prompt_, o).ids) EXPECT_LT(id, 10);
+  o.vocab_limit = 257;
+  EXPECT_THROW(generate(gen, prompt_, o), Error);
+}
+
 TEST(SampleToken, TopKAndTopPKeepOnlyTheLikelyTokens) {
   // Probabilities at temperature 1: softmax of log(0.5, 0.3, 0.15, 0.05).
   const std::vector<float> logits = {std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};

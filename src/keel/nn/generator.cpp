@@ -387,6 +387,11 @@ Generation generate(Generator& generator, std::span<const int32_t> prompt, const
     throw Error("", "prompt", std::to_string(prompt.size()) + " tokens exceed the context of " +
                                   std::to_string(context) + " positions (max_position_embeddings)");
   }
+  std::span<const float> logits = generator.next_logits();
+  if (options.vocab_limit < 0 || options.vocab_limit > static_cast<int64_t>(logits.size())) {
+    throw Error("", "vocab_limit", "must be in [0, vocab_size], got " + std::to_string(options.vocab_limit));
+  }
+  if (options.vocab_limit > 0) logits = logits.first(static_cast<size_t>(options.vocab_limit));
   generator.prefill(prompt);
   Generation out;
   // The sequence (prompt + new tokens) never outgrows the positions the model was trained on;
@@ -402,7 +407,7 @@ Generation generate(Generator& generator, std::span<const int32_t> prompt, const
       break;
     }
     if (made > 0) generator.append(out.ids.back());
-    const int32_t token = sample_token(generator.next_logits(), options.sampling, static_cast<uint64_t>(made));
+    const int32_t token = sample_token(logits, options.sampling, static_cast<uint64_t>(made));
     out.ids.push_back(token);
     if (options.eos_id && token == *options.eos_id) {
       out.stop = StopReason::Eos;

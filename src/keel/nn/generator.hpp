@@ -89,6 +89,8 @@ struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingConfig sampling;
   std::optional<int32_t> eos_id;  // stop after emitting it (it is included in the output)
+  // > 0: only ids below it are drawn, for a tokenizer smaller than the model's padded vocabulary.
+  int64_t vocab_limit = 0;
 };
 
 enum class StopReason { Eos, MaxNewTokens, ContextFull };
