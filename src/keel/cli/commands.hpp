@@ -8,5 +8,6 @@ namespace keel::cli {
 void register_inspect(CLI::App& app);
 void register_model_commands(CLI::App& app);  // init, eval, grad, train, bench
 void register_data_commands(CLI::App& app);   // data prepare
+void register_generate_commands(CLI::App& app);  // generate, export
 
 }  // namespace keel::cli

@@ -1,0 +1,109 @@
+// `keel generate` and `keel export` run as a user runs them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.hpp"
+#include "keel/arch/config_file.hpp"
+#include "keel/data/tokenizer.hpp"
+#include "keel/io/model_dir.hpp"
+#include "keel/io/safetensors.hpp"
+#include "keel/train/run_dir.hpp"
+
+namespace keel::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class GenerateCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("keel_generate_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "model");
+    tokenizer_ = std::make_unique<data::Tokenizer>(
+        data::train_bpe({"the cat sat on the mat", "the dog sat on the log"}, 270));
+    tokenizer_->save((dir_ / "model" / "tokenizer.json").string());
+    arch::LoadedConfig cfg = arch::read_config_file(source_path("configs/tiny/qwen3.json"));
+    arch::apply_overrides(cfg.json, {"vocab_size=272"}, cfg.path);
+    config_ = cfg.json;
+    model_ = std::make_unique<nn::TransformerModel>(arch::spec_from_config(cfg.json, cfg.path));
+    model_->parameters().initialize(4, 0.1f);
+    io::save_model_dir((dir_ / "model").string(), config_, *model_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path dir_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  json config_;
+  std::unique_ptr<nn::TransformerModel> model_;
+};
+
+TEST_F(GenerateCli, JsonOutputIsReproducibleFromTheSeed) {
+  const std::string base = "generate --model " + (dir_ / "model").string() + " --prompt 'the cat' --max-new-tokens 6 --json";
+  CommandResult a = run_keel(base + " --temperature 1.0 --top-p 0.9 --seed 7");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const json ja = json::parse(a.out);
+  EXPECT_EQ(ja["prompt_ids"].get<std::vector<int32_t>>(), tokenizer_->encode("the cat"));
+  const auto ids = ja["ids"].get<std::vector<int32_t>>();
+  EXPECT_GE(ids.size(), 1u);
+  EXPECT_LE(ids.size(), 6u);
+  for (int32_t id : ids) EXPECT_LT(id, tokenizer_->vocab_size());
+  EXPECT_TRUE(ja["text"].is_string());
+  EXPECT_EQ(run_keel(base + " --temperature 1.0 --top-p 0.9 --seed 7").out, a.out);
+
+  // Plain output: the prompt, then the decoded continuation.
+  CommandResult greedy = run_keel("generate --model " + (dir_ / "model").string() + " --prompt 'the cat' --max-new-tokens 6");
+  ASSERT_EQ(greedy.status, 0) << greedy.err;
+  const json jg = json::parse(run_keel(base).out);
+  std::vector<int32_t> text_ids = jg["ids"].get<std::vector<int32_t>>();
+  if (jg["stop"] == "eos") text_ids.pop_back();
+  EXPECT_EQ(greedy.out, "the cat" + tokenizer_->decode(text_ids) + "\n");
+}
+
+TEST_F(GenerateCli, ExportedRunGeneratesLikeTheRun) {
+  // A run folder: run.toml naming the tokenizer, config.json, one complete checkpoint.
+  const fs::path run = dir_ / "run";
+  const fs::path ckpt = run / train::kCheckpointsDir / train::checkpoint_dir_name(10);
+  fs::create_directories(ckpt);
+  io::write_file_atomic((run / train::kRunConfigFile).string(),
+                        "[data]\ntokenizer = \"" + (dir_ / "model" / "tokenizer.json").string() + "\"\n");
+  io::write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
+  fs::copy_file(dir_ / "model" / "model.safetensors", ckpt / "model.safetensors");
+  io::write_file_atomic((ckpt / train::kCommitMarker).string(), "");
+
+  CommandResult e = run_keel("export --run " + run.string() + " --out " + (dir_ / "hf").string());
+  ASSERT_EQ(e.status, 0) << e.err;
+  EXPECT_NE(e.out.find("wrote"), std::string::npos);
+  const std::string args = " --prompt 'the dog' --max-new-tokens 5 --json --temperature 0.7 --seed 2";
+  CommandResult from_run = run_keel("generate --model " + run.string() + args);
+  CommandResult from_export = run_keel("generate --model " + (dir_ / "hf").string() + args);
+  ASSERT_EQ(from_run.status, 0) << from_run.err;
+  EXPECT_EQ(from_export.out, from_run.out);
+
+  // Exporting over the finished folder is refused with one error line.
+  CommandResult again = run_keel("export --run " + run.string() + " --out " + (dir_ / "hf").string());
+  EXPECT_EQ(again.status, 2);
+  EXPECT_NE(again.err.find("keel: error:"), std::string::npos);
+}
+
+TEST_F(GenerateCli, BadSettingsAreOneLineErrors) {
+  const std::string base = "generate --model " + (dir_ / "model").string() + " --prompt hi";
+  CommandResult r = run_keel(base + " --top-p 0");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("field '--top-p'"), std::string::npos) << r.err;
+  fs::remove(dir_ / "model" / "tokenizer.json");
+  r = run_keel(base);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--tokenizer"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace keel::testing

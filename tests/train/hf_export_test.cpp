@@ -1,0 +1,245 @@
+// Export of a run folder as a Hugging Face model folder: names, shapes and config fields that
+// transformers expects, weights that reload to identical logits, refusals for variants the
+// family cannot express, and a folder that is never left half written.
+#include "keel/train/hf_export.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "keel/arch/config_file.hpp"
+#include "keel/arch/hf_tensors.hpp"
+#include "keel/core/error.hpp"
+#include "keel/data/tokenizer.hpp"
+#include "keel/io/model_dir.hpp"
+#include "keel/io/safetensors.hpp"
+#include "keel/train/model_source.hpp"
+#include "keel/train/run_dir.hpp"
+#include "../cli/cli_test_util.hpp"
+
+namespace keel::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class HfExport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("keel_export_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A byte-level BPE tokenizer of 270 ids (256 bytes, 13 merges, <|endoftext|>).
+    tokenizer_path_ = (dir_ / "tok.json").string();
+    data::train_bpe({"the cat sat on the mat", "the dog sat on the log", "a cat and a dog"}, 270).save(tokenizer_path_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A run folder with one complete checkpoint of a tiny model (vocab 272 covers the tokenizer).
+  struct Run {
+    std::string dir;
+    std::unique_ptr<nn::TransformerModel> model;
+  };
+  Run make_run(const std::string& name, const char* config, const std::vector<std::string>& sets,
+               bool with_tokenizer = true) {
+    arch::LoadedConfig cfg = arch::read_config_file(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/" + config);
+    std::vector<std::string> all = {"vocab_size=272"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    arch::apply_overrides(cfg.json, all, cfg.path);
+    Run run;
+    run.dir = (dir_ / name).string();
+    run.model = std::make_unique<nn::TransformerModel>(arch::spec_from_config(cfg.json, cfg.path));
+    nn::ParameterStore& store = run.model->parameters();
+    std::mt19937 gen(5);
+    std::normal_distribution<float> noise(0.f, 0.1f);
+    for (const nn::ParamInfo& p : store.entries()) {
+      float* v = store.values().data() + p.offset;
+      for (int64_t i = 0; i < p.numel; ++i) v[i] = (p.init == nn::Init::Ones ? 1.f : 0.f) + noise(gen);
+    }
+    const fs::path ckpt = fs::path(run.dir) / kCheckpointsDir / checkpoint_dir_name(10);
+    fs::create_directories(ckpt);
+    // An older, incomplete checkpoint must be ignored; so must a newer one without COMMIT.
+    fs::create_directories(fs::path(run.dir) / kCheckpointsDir / checkpoint_dir_name(20));
+    io::write_file_atomic((fs::path(run.dir) / kModelConfigFile).string(), cfg.json.dump(2));
+    io::write_file_atomic((fs::path(run.dir) / kRunConfigFile).string(),
+                          "[run]\nsteps = 10\n\n[data]\ndataset = \"data/none\"\n" +
+                              (with_tokenizer ? "tokenizer = \"" + tokenizer_path_ + "\"\n" : std::string()));
+    std::vector<io::TensorToWrite> tensors;
+    for (const nn::ParamInfo& p : store.entries()) {
+      tensors.push_back({p.name, io::DType::F32, p.shape, store.values().data() + p.offset});
+    }
+    io::write_safetensors((ckpt / "model.safetensors").string(), tensors);
+    io::write_file_atomic((ckpt / kCommitMarker).string(), "");
+    return run;
+  }
+
+  std::string field_of_refusal(const std::string& name, const char* config, const std::vector<std::string>& sets) {
+    Run run = make_run(name, config, sets);
+    const std::string out = (dir_ / (name + "_hf")).string();
+    try {
+      export_run(run.dir, out);
+    } catch (const Error& e) {
+      EXPECT_FALSE(fs::exists(out)) << name;
+      for (const auto& entry : fs::directory_iterator(dir_)) {
+        EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+      }
+      return e.field();
+    }
+    return "exported";
+  }
+
+  fs::path dir_;
+  std::string tokenizer_path_;
+};
+
+TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
+  struct Family {
+    const char* config;
+    const char* architecture;
+    std::vector<std::string> sets;
+  };
+  for (const Family& f : {Family{"llama.json", "LlamaForCausalLM", {"attention_bias=true", "mlp_bias=true"}},
+                          Family{"qwen2.json", "Qwen2ForCausalLM", {"keel.z_loss=0.001"}},
+                          Family{"qwen3.json", "Qwen3ForCausalLM", {}}}) {
+    SCOPED_TRACE(f.config);
+    Run run = make_run(std::string("run_") + f.config, f.config, f.sets);
+    const fs::path out = dir_ / (std::string("hf_") + f.config);
+    const ExportResult r = export_run(run.dir, out.string());
+    EXPECT_EQ(r.parameters, run.model->parameters().size());
+    EXPECT_EQ(fs::path(r.checkpoint_dir).filename(), checkpoint_dir_name(10));
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(out)) files.insert(e.path().filename().string());
+    EXPECT_EQ(files, (std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json",
+                                            "generation_config.json"}));
+
+    const arch::ModelSpec& spec = run.model->spec();
+    const data::Tokenizer tok = data::Tokenizer::load(tokenizer_path_);
+    const json c = json::parse(testing::slurp((out / "config.json").string()));
+    EXPECT_FALSE(c.contains("keel"));
+    EXPECT_EQ(c["architectures"], json::array({f.architecture}));
+    EXPECT_EQ(c["model_type"], spec.model_type);
+    EXPECT_EQ(c["vocab_size"], 272);
+    EXPECT_EQ(c["hidden_size"], spec.hidden_size);
+    EXPECT_EQ(c["intermediate_size"], spec.mlp.intermediate_size);
+    EXPECT_EQ(c["num_hidden_layers"], spec.num_layers);
+    EXPECT_EQ(c["num_attention_heads"], spec.attention.num_heads);
+    EXPECT_EQ(c["num_key_value_heads"], spec.attention.num_kv_heads);
+    EXPECT_EQ(c["head_dim"], spec.attention.head_dim);
+    EXPECT_EQ(c["hidden_act"], "silu");
+    EXPECT_EQ(c["max_position_embeddings"], spec.max_position_embeddings);
+    EXPECT_EQ(c["rms_norm_eps"], spec.norm_eps);
+    EXPECT_EQ(c["rope_theta"], spec.attention.rope.theta);
+    EXPECT_EQ(c["rope_scaling"], spec.attention.rope.scaling.is_null() ? json(nullptr) : spec.attention.rope.scaling);
+    EXPECT_EQ(c["tie_word_embeddings"], spec.tie_word_embeddings);
+    EXPECT_EQ(c["initializer_range"], spec.initializer_range);
+    EXPECT_EQ(c["torch_dtype"], "float32");
+    EXPECT_EQ(c["use_cache"], true);
+    EXPECT_EQ(c["eos_token_id"], *tok.eos_id());
+    EXPECT_EQ(c["bos_token_id"], *tok.eos_id());  // no begin-of-text token: GPT-2/Qwen convention
+    if (spec.family == arch::Family::Qwen2) {
+      EXPECT_FALSE(c.contains("attention_bias"));  // Qwen2 hard-codes q/k/v biases
+    } else {
+      EXPECT_EQ(c["attention_bias"], spec.attention.qkv_bias);
+    }
+    if (spec.family == arch::Family::Llama) {
+      EXPECT_EQ(c["attention_bias"], true);
+      EXPECT_EQ(c["mlp_bias"], true);
+    } else {
+      EXPECT_EQ(c["use_sliding_window"], false);
+      EXPECT_TRUE(c["sliding_window"].is_null());
+      EXPECT_EQ(c["max_window_layers"], spec.num_layers);
+      EXPECT_EQ(c["layer_types"], json::array({"full_attention", "full_attention"}));
+    }
+    // The exported config parses back to the same model (minus the training-only z-loss).
+    arch::ModelSpec back = arch::spec_from_config(c, "export");
+    EXPECT_EQ(back.attention.qk_norm, spec.attention.qk_norm);
+    EXPECT_EQ(back.attention.qkv_bias, spec.attention.qkv_bias);
+    EXPECT_EQ(back.attention.o_bias, spec.attention.o_bias);
+    EXPECT_EQ(back.mlp.bias, spec.mlp.bias);
+
+    const json g = json::parse(testing::slurp((out / "generation_config.json").string()));
+    EXPECT_EQ(g["eos_token_id"], *tok.eos_id());
+    EXPECT_EQ(g["bos_token_id"], *tok.eos_id());
+    EXPECT_EQ(testing::slurp((out / "tokenizer.json").string()), testing::slurp(tokenizer_path_));
+
+    // Exactly the HF tensors, F32, with the HF shapes.
+    const io::SafetensorsFile st = io::SafetensorsFile::open((out / "model.safetensors").string());
+    const auto layout = arch::hf_tensor_layout(spec, false);
+    ASSERT_EQ(st.tensors().size(), layout.size());
+    for (const auto& t : layout) {
+      const auto it = std::find_if(st.tensors().begin(), st.tensors().end(),
+                                   [&](const io::TensorRecord& r) { return r.name == t.name; });
+      ASSERT_NE(it, st.tensors().end()) << t.name;
+      EXPECT_EQ(it->shape, t.shape) << t.name;
+      EXPECT_EQ(it->dtype, io::DType::F32) << t.name;
+    }
+
+    // The folder reloads to the same logits.
+    io::LoadedModel reloaded = io::load_model_dir(out.string());
+    const std::vector<int32_t> tokens = {3, 200, 17, 269, 42, 5, 0};
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    std::vector<float> a(size_t(T * 272)), b(a.size());
+    run.model->forward_logits(tokens.data(), 1, T, a.data());
+    reloaded.model->forward_logits(tokens.data(), 1, T, b.data());
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST_F(HfExport, RefusesVariantsTheFamilyCannotExpressNamingTheField) {
+  EXPECT_EQ(field_of_refusal("post", "llama.json", {"keel.norm_placement=post"}), "keel.norm_placement");
+  EXPECT_EQ(field_of_refusal("sandwich", "qwen3.json", {"keel.norm_placement=sandwich"}), "keel.norm_placement");
+  EXPECT_EQ(field_of_refusal("layernorm", "qwen2.json", {"keel.norm=layernorm"}), "keel.norm");
+  EXPECT_EQ(field_of_refusal("qknorm", "llama.json", {"keel.qk_norm=true"}), "keel.qk_norm");
+  EXPECT_EQ(field_of_refusal("no_qknorm", "qwen3.json", {"keel.qk_norm=false"}), "keel.qk_norm");
+  EXPECT_EQ(field_of_refusal("qkv_only", "llama.json", {"keel.qkv_bias=true"}), "keel.qkv_bias");
+  EXPECT_EQ(field_of_refusal("qwen2_nobias", "qwen2.json", {"keel.qkv_bias=false"}), "keel.qkv_bias");
+  EXPECT_EQ(field_of_refusal("attn_cap", "llama.json", {"keel.attn_softcap=30"}), "keel.attn_softcap");
+  EXPECT_EQ(field_of_refusal("final_cap", "qwen3.json", {"keel.final_softcap=30"}), "keel.final_softcap");
+  EXPECT_EQ(field_of_refusal("partial", "qwen3.json", {"partial_rotary_factor=0.5"}), "partial_rotary_factor");
+  EXPECT_EQ(field_of_refusal("gpt2", "gpt2.json", {}), "model_type");
+}
+
+TEST_F(HfExport, RefusesRunsWithoutTokenizerOrCheckpointAndOccupiedTargets) {
+  Run run = make_run("no_tok", "qwen3.json", {}, /*with_tokenizer=*/false);
+  try {
+    export_run(run.dir, (dir_ / "out").string());
+    ADD_FAILURE() << "exported without a tokenizer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "data.tokenizer");
+  }
+  Run ok = make_run("ok", "qwen3.json", {});
+  fs::create_directories(dir_ / "occupied");
+  io::write_file_atomic((dir_ / "occupied" / "keep.txt").string(), "x");
+  EXPECT_THROW(export_run(ok.dir, (dir_ / "occupied").string()), Error);
+  EXPECT_EQ(testing::slurp((dir_ / "occupied" / "keep.txt").string()), "x");
+  // An empty folder is replaced by the export.
+  fs::create_directories(dir_ / "empty");
+  export_run(ok.dir, (dir_ / "empty").string());
+  EXPECT_TRUE(fs::exists(dir_ / "empty" / "model.safetensors"));
+  // No complete checkpoint: nothing to export.
+  fs::remove(fs::path(ok.dir) / kCheckpointsDir / checkpoint_dir_name(10) / kCommitMarker);
+  EXPECT_THROW(export_run(ok.dir, (dir_ / "out2").string()), Error);
+}
+
+TEST_F(HfExport, ModelSourceReadsRunsAndModelFolders) {
+  Run run = make_run("src", "llama.json", {});
+  const ModelSource s = resolve_model_source(run.dir);
+  EXPECT_EQ(fs::path(s.weights_path), fs::path(run.dir) / kCheckpointsDir / checkpoint_dir_name(10) / "model.safetensors");
+  EXPECT_EQ(s.tokenizer_path, tokenizer_path_);
+  EXPECT_EQ(fs::path(s.config_path), fs::path(run.dir) / kModelConfigFile);
+  const fs::path model_dir = dir_ / "plain";
+  io::save_model_dir(model_dir.string(), json::parse(testing::slurp(s.config_path)), *run.model);
+  const ModelSource m = resolve_model_source(model_dir.string());
+  EXPECT_TRUE(m.tokenizer_path.empty());
+  EXPECT_TRUE(m.run_dir.empty());
+  EXPECT_THROW(resolve_model_source((dir_ / "nope").string()), Error);
+}
+
+}  // namespace
+}  // namespace keel::train
