@@ -9,5 +9,6 @@ void register_inspect(CLI::App& app);
 void register_model_commands(CLI::App& app);  // init, eval, grad, train, bench
 void register_data_commands(CLI::App& app);   // data prepare
 void register_generate_commands(CLI::App& app);  // generate, export
+void register_tokenizer_commands(CLI::App& app);  // tokenize, tokenizer train
 
 }  // namespace keel::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   keel::cli::register_model_commands(app);
   keel::cli::register_data_commands(app);
   keel::cli::register_generate_commands(app);
+  keel::cli::register_tokenizer_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
