@@ -170,6 +170,7 @@ class DataPrepareCli : public ::testing::Test {
     small_tokenizer().save(dir_ + "/tokenizer.json");
     fs::create_directories(dir_ + "/brown");
     for (int i = 0; i < 12; ++i) write_text(dir_ + "/brown/ca" + std::to_string(10 + i), kBrownSample);
+    write_text(dir_ + "/brown/README", "BROWN CORPUS\n\nA Standard Corpus of Present-Day Edited American English\n");
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_;

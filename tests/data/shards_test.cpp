@@ -237,6 +237,26 @@ TEST_F(BadShard, CorruptTokensAreCaughtOnReadAndByTheDataChecksum) {
   EXPECT_THROW(s.verify_data(), keel::Error);
 }
 
+TEST(TokenShard, SeedsFromTheIndependentPythonWriterOpenAndReencodeExactly) {
+  // fuzz/make_shard_seeds.py implements docs/data.md on its own; keel must agree byte for byte.
+  const fs::path seeds = fs::path(KEEL_SOURCE_DIR) / "fuzz" / "corpus" / "shard";
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(seeds)) {
+    const std::string path = entry.path().string();
+    const TokenShard s = TokenShard::open(path);
+    EXPECT_NO_THROW(s.verify_data()) << path;
+    const std::vector<int32_t> tokens = read_all(s);
+    if (!s.has_document_table()) continue;
+    std::vector<int64_t> starts;
+    for (int64_t d = 0; d < s.documents(); ++d) starts.push_back(s.document_start(d));
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(encode_shard(tokens, starts, s.token_bytes()), bytes) << path;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
 TEST(TokenShard, MissingFileAndDirectory) {
   const std::string dir = temp_dir("missing");
   EXPECT_THROW(TokenShard::open(dir + "/nope.bin"), keel::Error);

@@ -109,8 +109,17 @@ std::vector<Document> read_documents(const std::vector<std::string>& paths) {
     } else {
       throw Error(path, "", "neither a regular file nor a directory");
     }
+    std::vector<std::string> texts;
+    bool any_brown = false;
     for (const std::string& file : files) {
-      for (Document& d : documents_from_text(file, read_text_file(file))) docs.push_back(std::move(d));
+      texts.push_back(read_text_file(file));
+      any_brown = any_brown || looks_brown_tagged(texts.back());
+    }
+    for (size_t i = 0; i < files.size(); ++i) {
+      // In a directory of Brown corpus files the untagged ones are its README, CONTENTS and
+      // packaging, not corpus text.
+      if (any_brown && fs::is_directory(st) && !looks_brown_tagged(texts[i])) continue;
+      for (Document& d : documents_from_text(files[i], texts[i])) docs.push_back(std::move(d));
     }
   }
   return docs;

@@ -17,7 +17,8 @@ struct Document {
 };
 
 // A path may be a file or a directory (all regular files under it, recursively, in name order;
-// names starting with '.' are skipped). keel::Error(path, "", reason) for a path that does not
+// names starting with '.' are skipped; in a directory holding Brown-tagged files, the files
+// that are not tagged, such as the corpus's README, are skipped too). keel::Error(path, "", reason) for a path that does not
 // exist or cannot be read, or a directory without files.
 std::vector<Document> read_documents(const std::vector<std::string>& paths);
 

@@ -137,7 +137,8 @@ PrepareStats prepare_dataset(const std::vector<Document>& docs, const Tokenizer&
         }
         max_id = std::max<int64_t>(max_id, id);
       }
-      const std::string key = doc.name.empty() ? "#" + std::to_string(first + i) : doc.name;
+      std::string key = doc.name;
+      if (key.empty()) key = std::string("#").append(std::to_string(first + i));
       (goes_to_val(key, val_fraction) ? val : train).add_document(encoded[i]);
     }
   }
