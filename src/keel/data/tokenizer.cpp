@@ -76,6 +76,50 @@ uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
+// (left id, right id) -> merge, open addressing with linear probing: the lookup in BPE's inner
+// loop, where a node-based std::unordered_map costs a cache miss per probe.
+class MergeTable {
+ public:
+  void reserve(std::size_t n) {
+    std::size_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    slots_.assign(cap, Slot{kEmpty, Merge{0, 0}});
+    mask_ = cap - 1;
+  }
+  // Inserts or overwrites (a repeated pair takes its last rank).
+  void set(uint64_t key, Merge m) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    std::size_t i = slot_of(key);
+    while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+    if (slots_[i].key == kEmpty) ++size_;
+    slots_[i] = Slot{key, m};
+  }
+  const Merge* find(uint64_t key) const {
+    if (slots_.empty()) return nullptr;
+    for (std::size_t i = slot_of(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i].merge;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // never a key: ids are below 2^24
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  std::size_t slot_of(uint64_t key) const { return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & mask_; }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    size_ = 0;
+    reserve(std::max<std::size_t>(old.size(), 8));
+    for (const Slot& s : old)
+      if (s.key != kEmpty) set(s.key, s.merge);
+  }
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0, size_ = 0;
+};
+
 // Scratch buffers of one encode call.
 struct Workspace {
   std::vector<char32_t> cps, prefixed;
@@ -101,7 +145,7 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> id_used;                    // kInVocab | kAdded, 0 where unused
   std::array<int32_t, 256> byte_ids{};
   std::array<char32_t, 256> byte_chars = byte_to_char_table();
-  std::unordered_map<uint64_t, Merge> merges;
+  MergeTable merges;
   std::vector<std::pair<int32_t, int32_t>> merge_list;  // rank order, for to_json
 
   std::vector<AddedToken> added;
@@ -119,10 +163,7 @@ struct Tokenizer::Impl {
                    std::vector<int32_t>& out) const;
   void bpe(std::vector<int32_t>& symbols, std::vector<int32_t>& ranks) const;
   void bpe_long(std::vector<int32_t>& symbols) const;
-  const Merge* find_merge(int32_t a, int32_t b) const {
-    auto it = merges.find(pair_key(a, b));
-    return it == merges.end() ? nullptr : &it->second;
-  }
+  const Merge* find_merge(int32_t a, int32_t b) const { return merges.find(pair_key(a, b)); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -342,7 +383,7 @@ void parse_model(const json& m, Tokenizer::Impl& t) {
     if (ib == t.vocab.end()) throw Error(o, f, "token \"" + b + "\" is not in the vocabulary");
     if (ic == t.vocab.end()) throw Error(o, f, "merged token \"" + a + b + "\" is not in the vocabulary");
     // A repeated pair takes its last rank, as HF and transformers.js do.
-    t.merges[pair_key(ia->second, ib->second)] = Merge{static_cast<int32_t>(i), ic->second};
+    t.merges.set(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(i), ic->second});
     t.merge_list.emplace_back(ia->second, ib->second);
   }
 }
