@@ -106,6 +106,7 @@ TEST_F(Trainer, LearnsAndWritesMetricsAndCheckpoints) {
   EXPECT_TRUE(fs::exists(dir_ / "run" / "run.toml"));
   EXPECT_TRUE(fs::exists(dir_ / "run" / "config.json"));
   // A second fresh start into the same folder is refused, pointing at --resume.
+  // (TensorBoard files on request: checked below.)
   auto again = testing::run_keel(run_cmd((dir_ / "run").string()));
   EXPECT_EQ(again.status, 2);
   EXPECT_NE(again.err.find("--resume"), std::string::npos) << again.err;
@@ -153,6 +154,20 @@ TEST_F(Trainer, KilledAndResumedRunIsBitIdentical) {
       if (reference[i].contains("val_loss")) EXPECT_EQ(resumed[i]["val_loss"].dump(), reference[i]["val_loss"].dump());
     }
   }
+}
+
+TEST_F(Trainer, TensorBoardOnRequest) {
+  auto r = testing::run_keel(run_cmd((dir_ / "tb").string(), "--set run.steps=3 --tensorboard"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  size_t files = 0, bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "tb" / "tensorboard")) {
+    EXPECT_EQ(e.path().filename().string().rfind("events.out.tfevents.", 0), 0u);
+    ++files;
+    bytes += fs::file_size(e.path());
+  }
+  EXPECT_EQ(files, 1u);
+  EXPECT_GT(bytes, 3u * 4 * 20);  // 3 steps x 4 scalars, each a framed record
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "tensorboard"));
 }
 
 TEST_F(Trainer, CorruptOrForeignCheckpointsAreRefused) {
