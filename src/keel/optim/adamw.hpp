@@ -2,7 +2,9 @@
 // AdamW with decoupled weight decay (Loshchilov & Hutter, ICLR 2019), step for step what
 // torch.optim.AdamW computes: p ← p·(1 − lr·wd), then the bias-corrected Adam update.
 // Decay applies to the parameters the store marks (matrices), not to norms, biases, embeddings.
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "keel/core/arena.hpp"
 #include "keel/nn/parameters.hpp"
@@ -21,6 +23,9 @@ class AdamW {
   AdamW(const nn::ParameterStore& store, AdamWConfig config);
   // One update of every parameter from the store's gradients at learning rate lr.
   void step(nn::ParameterStore& store, float lr);
+  // One update of only the store entries listed (indices into store.entries()), as when Muon
+  // hands AdamW the embeddings, LM head, norms and biases. Counts as one step.
+  void step(nn::ParameterStore& store, float lr, std::span<const size_t> entries);
   int64_t steps_taken() const { return step_; }
   const AdamWConfig& config() const { return config_; }
   FloatBuffer& first_moment() { return m_; }
@@ -28,6 +33,8 @@ class AdamW {
   void set_steps_taken(int64_t s) { step_ = s; }
 
  private:
+  void update(nn::ParameterStore& store, const nn::ParamInfo& p, float lr, float step_size, float inv_sqrt_bias2);
+
   AdamWConfig config_;
   FloatBuffer m_, v_;
   int64_t step_ = 0;

@@ -1,0 +1,122 @@
+#include "keel/optim/muon.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "keel/core/error.hpp"
+#include "keel/optim/newton_schulz.hpp"
+
+namespace keel::optim {
+namespace {
+
+bool glob_match(const char* p, const char* s) {
+  // Iterative glob with single-star backtracking.
+  const char* star = nullptr;
+  const char* resume = nullptr;
+  while (*s) {
+    if (*p == '?' || (*p && *p != '*' && *p == *s)) {
+      ++p;
+      ++s;
+    } else if (*p == '*') {
+      star = p++;
+      resume = s;
+    } else if (star) {
+      p = star + 1;
+      s = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (*p == '*') ++p;
+  return *p == '\0';
+}
+
+bool any_match(const std::vector<std::string>& patterns, const std::string& name) {
+  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return name_matches(p, name); });
+}
+
+// (A, B): first dimension and the product of the rest.
+std::pair<int64_t, int64_t> matrix_dims(const nn::ParamInfo& p) { return {p.shape[0], p.numel / p.shape[0]}; }
+
+}  // namespace
+
+bool name_matches(const std::string& pattern, const std::string& name) {
+  if (pattern.find_first_of("*?") == std::string::npos) return name.find(pattern) != std::string::npos;
+  return glob_match(pattern.c_str(), name.c_str());
+}
+
+Muon::Muon(const nn::ParameterStore& store, MuonConfig config)
+    : config_(std::move(config)), momentum_(static_cast<size_t>(store.size())), adamw_opt_(store, config_.adamw) {
+  int64_t max_numel = 0, max_ws = 0;
+  const auto& entries = store.entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const nn::ParamInfo& p = entries[i];
+    bool muon = p.matrix;
+    if (any_match(config_.force_adamw, p.name)) {
+      muon = false;
+    } else if (any_match(config_.force_muon, p.name)) {
+      if (p.shape.size() < 2)
+        throw Error("muon", "force_muon", "parameter '" + p.name + "' has fewer than two dimensions");
+      muon = true;
+    }
+    if (muon && p.shape.size() < 2) muon = false;
+    (muon ? muon_ : adamw_).push_back(i);
+    if (muon) {
+      muon_names_.push_back(p.name);
+      auto [a, b] = matrix_dims(p);
+      max_numel = std::max(max_numel, p.numel);
+      max_ws = std::max(max_ws, newton_schulz_workspace_floats(a, b));
+    }
+  }
+  update_.resize(static_cast<size_t>(max_numel));
+  ortho_.resize(static_cast<size_t>(max_numel));
+  workspace_.resize(static_cast<size_t>(max_ws));
+}
+
+bool Muon::uses_muon(const std::string& name) const {
+  return std::find(muon_names_.begin(), muon_names_.end(), name) != muon_names_.end();
+}
+
+float Muon::update_scale(int64_t rows, int64_t cols) const {
+  switch (config_.scaling) {
+    case MuonScaling::Moonlight:
+      return config_.update_rms * std::sqrt(static_cast<float>(std::max(rows, cols)));
+    case MuonScaling::KellerJordan:
+      return std::sqrt(std::max(1.0f, static_cast<float>(rows) / static_cast<float>(cols)));
+  }
+  return 1.0f;
+}
+
+void Muon::step(nn::ParameterStore& store, float lr) {
+  ++step_;
+  double ns_seconds = 0;
+  const float beta = config_.momentum;
+  float* values = store.values().data();
+  const float* grads = store.grads().data();
+  for (size_t e : muon_) {
+    const nn::ParamInfo& p = store.entries()[e];
+    auto [rows, cols] = matrix_dims(p);
+    float* w = values + p.offset;
+    const float* g = grads + p.offset;
+    float* buf = momentum_.data() + p.offset;
+    float* u = update_.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < p.numel; ++i) {
+      buf[i] = beta * buf[i] + g[i];
+      u[i] = config_.nesterov ? g[i] + beta * buf[i] : buf[i];
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    newton_schulz5(u, ortho_.data(), rows, cols, workspace_.data(), config_.ns_steps);
+    ns_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const float decay = p.weight_decay ? 1.0f - lr * config_.weight_decay : 1.0f;
+    const float step_size = lr * update_scale(rows, cols);
+    const float* o = ortho_.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = w[i] * decay - step_size * o[i];
+  }
+  last_ns_seconds_ = ns_seconds;
+  if (!adamw_.empty()) adamw_opt_.step(store, lr, adamw_);
+}
+
+}  // namespace keel::optim
