@@ -156,6 +156,31 @@ TEST_F(Trainer, KilledAndResumedRunIsBitIdentical) {
   }
 }
 
+TEST_F(Trainer, MuonRunLearnsAndResumesExactly) {
+  // Constant LR: with a cosine, stopping at 8 would change the schedule itself.
+  const std::string muon =
+      "--set optimizer.name=muon --set optimizer.lr=0.02 --set checkpoint.every=4 --set schedule.kind=constant";
+  auto full = testing::run_keel(run_cmd((dir_ / "full").string(), muon + " --set run.steps=12"));
+  ASSERT_EQ(full.status, 0) << full.err;
+  // Stop at 8, then continue to 12: momentum, AdamW moments and step counts come from the checkpoint.
+  auto part = testing::run_keel(run_cmd((dir_ / "part").string(), muon + " --set run.steps=8"));
+  ASSERT_EQ(part.status, 0) << part.err;
+  auto rest = testing::run_keel("train --resume " + (dir_ / "part").string() + " --set run.steps=12");
+  ASSERT_EQ(rest.status, 0) << rest.err;
+  const auto a = metrics(dir_ / "full"), b = metrics(dir_ / "part");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << "step " << i + 1;
+  EXPECT_LT(a[11]["loss"].get<double>(), a[0]["loss"].get<double>() - 0.5);
+  auto state = json::parse(testing::slurp(complete_checkpoints((dir_ / "full").string()).back() + "/state.json"));
+  EXPECT_EQ(state["optimizer"], "muon");
+  // An AdamW resume of a Muon checkpoint is refused.
+  auto wrong = testing::run_keel("train --resume " + (dir_ / "full").string() +
+                                 " --set run.steps=14 --set optimizer.name=adamw");
+  EXPECT_EQ(wrong.status, 2);
+  EXPECT_NE(wrong.err.find("muon"), std::string::npos) << wrong.err;
+}
+
 TEST_F(Trainer, TensorBoardOnRequest) {
   auto r = testing::run_keel(run_cmd((dir_ / "tb").string(), "--set run.steps=3 --tensorboard"));
   ASSERT_EQ(r.status, 0) << r.err;

@@ -51,7 +51,7 @@ std::string read_text(const fs::path& p) {
 }  // namespace
 
 void save_checkpoint(const std::string& run_dir, const TrainState& state, const nn::TransformerModel& model,
-                     optim::AdamW& adamw, const std::string& model_config_hash, int64_t keep) {
+                     const OptimizerState& optimizer, const std::string& model_config_hash, int64_t keep) {
   const fs::path root = fs::path(run_dir) / kCheckpointsDir;
   const fs::path final_dir = root / checkpoint_dir_name(state.step);
   const fs::path tmp = root / (checkpoint_dir_name(state.step) + ".tmp-" + std::to_string(::getpid()));
@@ -67,23 +67,22 @@ void save_checkpoint(const std::string& run_dir, const TrainState& state, const 
     std::vector<io::TensorToWrite> weights, moments;
     for (const nn::ParamInfo& p : store.entries()) {
       const float* w = store.values().data() + p.offset;
-      const float* m = adamw.first_moment().data() + p.offset;
-      const float* v = adamw.second_moment().data() + p.offset;
       const size_t bytes = static_cast<size_t>(p.numel) * sizeof(float);
       weights.push_back({p.name, io::DType::F32, p.shape, w});
-      moments.push_back({"exp_avg." + p.name, io::DType::F32, p.shape, m});
-      moments.push_back({"exp_avg_sq." + p.name, io::DType::F32, p.shape, v});
       checksums["model.safetensors"][p.name] = content_hash(w, bytes);
-      checksums["optimizer.safetensors"]["exp_avg." + p.name] = content_hash(m, bytes);
-      checksums["optimizer.safetensors"]["exp_avg_sq." + p.name] = content_hash(v, bytes);
+      for (const auto& [prefix, buffer] : optimizer.buffers) {
+        const float* b = buffer->data() + p.offset;
+        moments.push_back({prefix + "." + p.name, io::DType::F32, p.shape, b});
+        checksums["optimizer.safetensors"][prefix + "." + p.name] = content_hash(b, bytes);
+      }
     }
     io::write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
     io::write_safetensors((tmp / "optimizer.safetensors").string(), moments);
     nlohmann::json st = {{"step", state.step},
                          {"tokens", state.tokens},
                          {"sequences", state.sequences},
-                         {"optimizer", "adamw"},
-                         {"optimizer_steps", adamw.steps_taken()},
+                         {"optimizer", optimizer.name},
+                         {"optimizer_steps", optimizer.steps},
                          {"model_config_hash", model_config_hash},
                          {"checksums", checksums}};
     io::write_file_atomic((tmp / "state.json").string(), st.dump(1) + "\n");
@@ -112,7 +111,7 @@ void save_checkpoint(const std::string& run_dir, const TrainState& state, const 
   for (const auto& p : stale) fs::remove_all(p, ec);
 }
 
-TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerModel& model, optim::AdamW& adamw,
+TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerModel& model, OptimizerState& optimizer,
                            const std::string& model_config_hash) {
   const fs::path dir(checkpoint_dir);
   const fs::path state_path = dir / "state.json";
@@ -129,6 +128,10 @@ TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerMod
     throw Error(state_path.string(), "model_config_hash",
                 "the checkpoint was written for another model config (config.json differs)");
   }
+  if (st.value("optimizer", std::string("adamw")) != optimizer.name) {
+    throw Error(state_path.string(), "optimizer", "the checkpoint holds " + st.value("optimizer", std::string("adamw")) +
+                                                      " state but the run uses " + optimizer.name);
+  }
   auto check = [&](const io::SafetensorsFile& file, const std::string& key, const std::string& tensor,
                    const std::vector<float>& values) {
     const auto& sums = st["checksums"];
@@ -143,11 +146,12 @@ TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerMod
   io::SafetensorsFile moments = io::SafetensorsFile::open((dir / "optimizer.safetensors").string());
   nn::ParameterStore& store = model.parameters();
   for (const nn::ParamInfo& p : store.entries()) {
-    for (auto [file, key, name, dst] :
-         {std::tuple{&weights, "model.safetensors", p.name, store.values().data() + p.offset},
-          std::tuple{&moments, "optimizer.safetensors", "exp_avg." + p.name, adamw.first_moment().data() + p.offset},
-          std::tuple{&moments, "optimizer.safetensors", "exp_avg_sq." + p.name,
-                     adamw.second_moment().data() + p.offset}}) {
+    std::vector<std::tuple<io::SafetensorsFile*, const char*, std::string, float*>> targets = {
+        {&weights, "model.safetensors", p.name, store.values().data() + p.offset}};
+    for (const auto& [prefix, buffer] : optimizer.buffers) {
+      targets.emplace_back(&moments, "optimizer.safetensors", prefix + "." + p.name, buffer->data() + p.offset);
+    }
+    for (auto& [file, key, name, dst] : targets) {
       const io::TensorRecord* rec = file->find(name);
       if (!rec) throw Error(file->path(), name, "missing tensor");
       if (rec->shape != p.shape || rec->dtype != io::DType::F32) {
@@ -158,7 +162,7 @@ TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerMod
       std::copy(values.begin(), values.end(), dst);
     }
   }
-  adamw.set_steps_taken(st.value("optimizer_steps", int64_t{0}));
+  optimizer.steps = st.value("optimizer_steps", int64_t{0});
   return {st["step"].get<int64_t>(), st.value("tokens", int64_t{0}), st.value("sequences", int64_t{0})};
 }
 

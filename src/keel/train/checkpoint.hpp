@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/arena.hpp"
 #include "keel/nn/model.hpp"
-#include "keel/optim/adamw.hpp"
 
 namespace keel::train {
 
@@ -19,14 +19,23 @@ struct TrainState {
   int64_t sequences = 0;  // data cursor: sequences drawn so far (the sampler is a pure function of it)
 };
 
+// An optimizer's state as the checkpoint sees it: named buffers laid out like the parameter store
+// (AdamW: exp_avg, exp_avg_sq; Muon: momentum plus its AdamW group's moments) and a step count.
+struct OptimizerState {
+  std::string name;                                          // "adamw" or "muon"
+  std::vector<std::pair<std::string, FloatBuffer*>> buffers; // prefix -> store-sized buffer
+  int64_t steps = 0;
+};
+
 // Writes checkpoints/step_<state.step> under run_dir and prunes to `keep`. `model_config_hash`
 // identifies the model config so a checkpoint cannot be loaded into another model.
 void save_checkpoint(const std::string& run_dir, const TrainState& state, const nn::TransformerModel& model,
-                     optim::AdamW& adamw, const std::string& model_config_hash, int64_t keep);
+                     const OptimizerState& optimizer, const std::string& model_config_hash, int64_t keep);
 
-// Loads a checkpoint folder into model and optimizer after verifying every tensor's checksum and
-// the model config hash; keel::Error naming the file and tensor otherwise.
-TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerModel& model, optim::AdamW& adamw,
+// Loads a checkpoint folder into model and optimizer buffers after verifying every tensor's
+// checksum, the optimizer's name and the model config hash; keel::Error naming the file and tensor
+// otherwise. Sets optimizer.steps from the checkpoint.
+TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerModel& model, OptimizerState& optimizer,
                            const std::string& model_config_hash);
 
 // FNV-1a over bytes, hex; used for tensor checksums and config identity.

@@ -163,7 +163,17 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
 
   Section opt = section("optimizer");
   c.optimizer = opt.get<std::string>("name", c.optimizer);
-  if (c.optimizer != "adamw") opt.fail("name", "unknown optimizer '" + c.optimizer + "'; supported: adamw");
+  if (c.optimizer != "adamw" && c.optimizer != "muon") {
+    opt.fail("name", "unknown optimizer '" + c.optimizer + "'; supported: adamw, muon");
+  }
+  c.momentum = opt.non_negative("momentum", c.momentum);
+  if (c.momentum >= 1) opt.fail("momentum", "must be below 1");
+  c.muon_scaling = opt.get<std::string>("muon_scaling", c.muon_scaling);
+  if (c.muon_scaling != "moonlight" && c.muon_scaling != "keller_jordan") {
+    opt.fail("muon_scaling", "unknown scaling '" + c.muon_scaling + "'; supported: moonlight, keller_jordan");
+  }
+  c.adamw_patterns = opt.strings("adamw_patterns");
+  c.muon_patterns = opt.strings("muon_patterns");
   c.lr = opt.non_negative("lr", c.lr);
   c.beta1 = opt.non_negative("beta1", c.beta1);
   c.beta2 = opt.non_negative("beta2", c.beta2);
@@ -254,8 +264,13 @@ std::string to_toml(const RunConfig& c) {
   root.insert("batch", toml::table{{"sequences", c.sequences}, {"seq_len", c.seq_len}, {"grad_accum", c.grad_accum},
                                     {"ramp_start_sequences", c.ramp.start_sequences},
                                     {"ramp_end_sequences", c.ramp.end_sequences}, {"ramp_tokens", c.ramp.ramp_tokens}});
+  toml::array adamw_patterns, muon_patterns;
+  for (const auto& s : c.adamw_patterns) adamw_patterns.push_back(s);
+  for (const auto& s : c.muon_patterns) muon_patterns.push_back(s);
   root.insert("optimizer", toml::table{{"name", c.optimizer}, {"lr", c.lr}, {"beta1", c.beta1}, {"beta2", c.beta2},
-                                        {"eps", c.eps}, {"weight_decay", c.weight_decay}, {"clip", c.clip}});
+                                        {"eps", c.eps}, {"weight_decay", c.weight_decay}, {"clip", c.clip},
+                                        {"momentum", c.momentum}, {"muon_scaling", c.muon_scaling},
+                                        {"adamw_patterns", adamw_patterns}, {"muon_patterns", muon_patterns}});
   const char* kinds[] = {"constant", "warmup", "cosine", "warmup_hold_cosine", "wsd"};
   const char* shapes[] = {"linear", "cosine", "1-sqrt"};
   toml::array tails;

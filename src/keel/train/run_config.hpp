@@ -27,8 +27,12 @@ struct RunConfig {
   int64_t grad_accum = 1;
   BatchRamp ramp;                         // ramp.micro_sequences mirrors `sequences`
   // [optimizer]
-  std::string optimizer = "adamw";
+  std::string optimizer = "adamw";       // "adamw" or "muon" (Muon on hidden matrices, AdamW for the rest)
   double lr = 1e-3;
+  double momentum = 0.95;                 // Muon
+  std::string muon_scaling = "moonlight"; // Muon: "moonlight" (update RMS 0.2, shares AdamW's lr) or "keller_jordan"
+  std::vector<std::string> adamw_patterns;  // Muon: parameter-name patterns forced to AdamW
+  std::vector<std::string> muon_patterns;   // Muon: parameter-name patterns forced to Muon
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double clip = 1.0;                      // 0 = off
   // [schedule]

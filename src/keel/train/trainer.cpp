@@ -18,6 +18,7 @@
 #include "keel/nn/model.hpp"
 #include "keel/optim/adamw.hpp"
 #include "keel/optim/grad_clip.hpp"
+#include "keel/optim/muon.hpp"
 #include "keel/train/checkpoint.hpp"
 #include "keel/train/run_dir.hpp"
 #include "keel/train/tensorboard.hpp"
@@ -128,8 +129,34 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
   nn::TransformerModel model(spec);
   model.initialize(c.seed);
   auto& store = model.parameters();
-  optim::AdamW adamw(store, {static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),
-                             static_cast<float>(c.weight_decay)});
+  const optim::AdamWConfig adam_cfg{static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),
+                                    static_cast<float>(c.weight_decay)};
+  // One of the two optimizers; the checkpoint sees either as named store-shaped buffers.
+  std::unique_ptr<optim::AdamW> adamw;
+  std::unique_ptr<optim::Muon> muon;
+  OptimizerState opt_state;
+  opt_state.name = c.optimizer;
+  if (c.optimizer == "muon") {
+    optim::MuonConfig mc;
+    mc.momentum = static_cast<float>(c.momentum);
+    mc.scaling = c.muon_scaling == "keller_jordan" ? optim::MuonScaling::KellerJordan : optim::MuonScaling::Moonlight;
+    mc.weight_decay = static_cast<float>(c.weight_decay);
+    mc.adamw = adam_cfg;
+    mc.force_adamw = c.adamw_patterns;
+    mc.force_muon = c.muon_patterns;
+    muon = std::make_unique<optim::Muon>(store, mc);
+    opt_state.buffers = {{"momentum", &muon->momentum_buffer()},
+                         {"exp_avg", &muon->adamw().first_moment()},
+                         {"exp_avg_sq", &muon->adamw().second_moment()}};
+  } else {
+    adamw = std::make_unique<optim::AdamW>(store, adam_cfg);
+    opt_state.buffers = {{"exp_avg", &adamw->first_moment()}, {"exp_avg_sq", &adamw->second_moment()}};
+  }
+  auto optimizer_step = [&](float lr) {
+    if (muon) muon->step(store, lr);
+    else adamw->step(store, lr);
+  };
+  auto optimizer_steps = [&] { return muon ? muon->steps_taken() : adamw->steps_taken(); };
 
   data::TokenDataset train_set = data::TokenDataset::open(c.dataset, "train");
   data::TokenDataset val_set = data::TokenDataset::open(c.dataset, "val");
@@ -144,7 +171,9 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
   if (resuming) {
     auto latest = latest_complete_checkpoint(run_dir);
     if (!latest) throw Error(run_dir, "", "no complete checkpoint to resume from");
-    state = load_checkpoint(*latest, model, adamw, config_hash);
+    state = load_checkpoint(*latest, model, opt_state, config_hash);
+    if (muon) muon->set_steps_taken(opt_state.steps);
+    else adamw->set_steps_taken(opt_state.steps);
     truncate_metrics(metrics_path, state.step);
   } else {
     io::write_file_atomic(metrics_path.string(), "");
@@ -160,7 +189,10 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
   double last_loss = std::numeric_limits<double>::quiet_NaN(), last_val = std::numeric_limits<double>::quiet_NaN();
   const auto run_start = std::chrono::steady_clock::now();
   const int64_t first_step = state.step;
-  auto checkpoint = [&] { save_checkpoint(run_dir, state, model, adamw, config_hash, c.checkpoint_keep); };
+  auto checkpoint = [&] {
+    opt_state.steps = optimizer_steps();
+    save_checkpoint(run_dir, state, model, opt_state, config_hash, c.checkpoint_keep);
+  };
 
   while (state.step < c.steps) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -187,7 +219,7 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
     }
     const double grad_norm = c.clip > 0 ? optim::clip_grad_norm(store.grads(), c.clip) : optim::global_grad_norm(store.grads());
     const double lr = lr_at(c.schedule, step, state.tokens);
-    adamw.step(store, static_cast<float>(lr));
+    optimizer_step(static_cast<float>(lr));
     state.step = step;
     state.tokens += predicted;
     last_loss = ce / static_cast<double>(predicted);
