@@ -181,6 +181,28 @@ TEST_F(Trainer, MuonRunLearnsAndResumesExactly) {
   EXPECT_NE(wrong.err.find("muon"), std::string::npos) << wrong.err;
 }
 
+TEST_F(Trainer, QkClipCapsTheLogitsItSees) {
+  // Reference run without clipping, then the same run with tau at half its final max logit: heads
+  // get clipped, the count is logged, and the logits stay well below the unclipped run's.
+  auto free = testing::run_keel(run_cmd((dir_ / "free").string(), "--set run.steps=20"));
+  ASSERT_EQ(free.status, 0) << free.err;
+  const double reached = metrics(dir_ / "free").back()["max_logit"].get<double>();
+  const double tau = reached / 2;
+  auto r = testing::run_keel(run_cmd((dir_ / "clip").string(), "--set run.steps=20 --set optimizer.qk_clip_tau=" +
+                                                                   std::to_string(tau)));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto m = metrics(dir_ / "clip");
+  ASSERT_EQ(m.size(), 20u);
+  int64_t clipped = 0;
+  for (const auto& line : m) {
+    ASSERT_TRUE(line.contains("qk_clip_heads"));
+    clipped += line["qk_clip_heads"].get<int64_t>();
+  }
+  EXPECT_GT(clipped, 0);
+  EXPECT_LT(m.back()["max_logit"].get<double>(), 0.75 * reached) << "tau " << tau << ", unclipped " << reached;
+  EXPECT_FALSE(metrics(dir_ / "free").back().contains("qk_clip_heads"));
+}
+
 TEST_F(Trainer, TensorBoardOnRequest) {
   auto r = testing::run_keel(run_cmd((dir_ / "tb").string(), "--set run.steps=3 --tensorboard"));
   ASSERT_EQ(r.status, 0) << r.err;

@@ -172,6 +172,7 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   if (c.muon_scaling != "moonlight" && c.muon_scaling != "keller_jordan") {
     opt.fail("muon_scaling", "unknown scaling '" + c.muon_scaling + "'; supported: moonlight, keller_jordan");
   }
+  c.qk_clip_tau = opt.non_negative("qk_clip_tau", c.qk_clip_tau);
   c.adamw_patterns = opt.strings("adamw_patterns");
   c.muon_patterns = opt.strings("muon_patterns");
   c.lr = opt.non_negative("lr", c.lr);
@@ -269,7 +270,7 @@ std::string to_toml(const RunConfig& c) {
   for (const auto& s : c.muon_patterns) muon_patterns.push_back(s);
   root.insert("optimizer", toml::table{{"name", c.optimizer}, {"lr", c.lr}, {"beta1", c.beta1}, {"beta2", c.beta2},
                                         {"eps", c.eps}, {"weight_decay", c.weight_decay}, {"clip", c.clip},
-                                        {"momentum", c.momentum}, {"muon_scaling", c.muon_scaling},
+                                        {"momentum", c.momentum}, {"muon_scaling", c.muon_scaling}, {"qk_clip_tau", c.qk_clip_tau},
                                         {"adamw_patterns", adamw_patterns}, {"muon_patterns", muon_patterns}});
   const char* kinds[] = {"constant", "warmup", "cosine", "warmup_hold_cosine", "wsd"};
   const char* shapes[] = {"linear", "cosine", "1-sqrt"};

@@ -33,6 +33,7 @@ struct RunConfig {
   std::string muon_scaling = "moonlight"; // Muon: "moonlight" (update RMS 0.2, shares AdamW's lr) or "keller_jordan"
   std::vector<std::string> adamw_patterns;  // Muon: parameter-name patterns forced to AdamW
   std::vector<std::string> muon_patterns;   // Muon: parameter-name patterns forced to Muon
+  double qk_clip_tau = 0;                 // QK-Clip after each step (Kimi K2, MuonClip); 0 = off
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double clip = 1.0;                      // 0 = off
   // [schedule]

@@ -19,6 +19,7 @@
 #include "keel/optim/adamw.hpp"
 #include "keel/optim/grad_clip.hpp"
 #include "keel/optim/muon.hpp"
+#include "keel/optim/qk_clip.hpp"
 #include "keel/train/checkpoint.hpp"
 #include "keel/train/run_dir.hpp"
 #include "keel/train/tensorboard.hpp"
@@ -220,6 +221,11 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
     const double grad_norm = c.clip > 0 ? optim::clip_grad_norm(store.grads(), c.clip) : optim::global_grad_norm(store.grads());
     const double lr = lr_at(c.schedule, step, state.tokens);
     optimizer_step(static_cast<float>(lr));
+    // QK-Clip (Kimi K2 Algorithm 1): after the update, from this step's per-head max logits.
+    int64_t clipped_heads = 0;
+    if (c.qk_clip_tau > 0) {
+      clipped_heads = optim::qk_clip(store, spec, step_max, {static_cast<float>(c.qk_clip_tau)}).clipped_heads;
+    }
     state.step = step;
     state.tokens += predicted;
     last_loss = ce / static_cast<double>(predicted);
@@ -241,6 +247,7 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
                  {"ce", last_loss},    {"lr", lr},                    {"grad_norm", grad_norm},
                  {"tokens_per_s", tps}, {"batch_sequences", accum * c.sequences},
                  {"max_logit", max_logit}, {"max_logit_per_head", per_head}};
+    if (c.qk_clip_tau > 0) line["qk_clip_heads"] = clipped_heads;
     const bool eval_now = (c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps;
     if (eval_now) {
       last_val = evaluate(model, val_set, c);
