@@ -24,20 +24,6 @@ static_assert(std::endian::native == std::endian::little, "token shards assume a
 
 namespace fs = std::filesystem;
 
-struct TokenShard::Bytes {
-  std::string owned;
-  void* map = nullptr;
-  size_t map_size = 0;
-  const std::byte* data = nullptr;
-  size_t size = 0;
-
-  Bytes() = default;
-  Bytes(const Bytes&) = delete;
-  Bytes& operator=(const Bytes&) = delete;
-  ~Bytes() {
-    if (map != nullptr) munmap(map, map_size);
-  }
-};
 
 namespace {
 
@@ -65,7 +51,6 @@ uint64_t table_offset(uint64_t tokens, uint64_t token_bytes) {
   return (kShardHeaderBytes + tokens * token_bytes + 7) / 8 * 8;
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
 
 }  // namespace
 
@@ -132,44 +117,14 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens, std::
 }
 
 TokenShard TokenShard::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path, "", "cannot open the token shard: " + errno_text(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw Error(path, "", "cannot stat: " + errno_text(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(path, "", "not a regular file");
-  }
-  auto bytes = std::make_shared<Bytes>();
-  if (st.st_size > 0) {
-    const auto size = static_cast<size_t>(st.st_size);
-    void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (map == MAP_FAILED) throw Error(path, "", "cannot map the file: " + errno_text(err));
-    bytes->map = map;
-    bytes->map_size = size;
-    bytes->data = static_cast<const std::byte*>(map);
-    bytes->size = size;
-  } else {
-    ::close(fd);
-  }
-  return parse(std::move(bytes), path);
+  return parse(map_file(path, "the token shard"), path);
 }
 
 TokenShard TokenShard::from_bytes(std::string contents, const std::string& source) {
-  auto bytes = std::make_shared<Bytes>();
-  bytes->owned = std::move(contents);
-  bytes->data = reinterpret_cast<const std::byte*>(bytes->owned.data());
-  bytes->size = bytes->owned.size();
-  return parse(std::move(bytes), source);
+  return parse(bytes_from_string(std::move(contents)), source);
 }
 
-TokenShard TokenShard::parse(std::shared_ptr<const Bytes> bytes, const std::string& source) {
+TokenShard TokenShard::parse(std::shared_ptr<const FileBytes> bytes, const std::string& source) {
   const uint64_t file_size = bytes->size;
   const std::byte* p = bytes->data;
   if (file_size < kShardHeaderBytes) {

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+
+#include "keel/core/file_bytes.hpp"
 #include <span>
 #include <string>
 #include <vector>
@@ -56,14 +58,13 @@ class TokenShard {
   // header records: reads the whole file, so open() leaves it to callers that want it.
   void verify_data() const;
 
-  struct Bytes;  // the mapping or buffer behind the shard (defined in shards.cpp)
 
  private:
   TokenShard() = default;
-  static TokenShard parse(std::shared_ptr<const Bytes> bytes, const std::string& source);
+  static TokenShard parse(std::shared_ptr<const FileBytes> bytes, const std::string& source);
 
   std::string path_;
-  std::shared_ptr<const Bytes> bytes_;
+  std::shared_ptr<const FileBytes> bytes_;
   const std::byte* token_data_ = nullptr;
   int64_t tokens_ = 0;
   int64_t documents_ = 0;

@@ -1,7 +1,6 @@
 #include "keel/io/safetensors.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -276,64 +275,16 @@ void check_layout(const std::vector<TensorRecord>& tensors, int64_t data_size, c
 }  // namespace
 
 // The bytes behind a SafetensorsFile: a read-only private mapping, or an owned buffer.
-struct SafetensorsFile::Bytes {
-  std::string owned;
-  void* map = nullptr;
-  size_t map_size = 0;
-  const std::byte* data = nullptr;
-  size_t size = 0;
-
-  Bytes() = default;
-  Bytes(const Bytes&) = delete;
-  Bytes& operator=(const Bytes&) = delete;
-  ~Bytes() {
-    if (map != nullptr) munmap(map, map_size);
-  }
-};
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path, "", "cannot open for reading: " + errno_text(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw Error(path, "", "cannot stat: " + errno_text(err));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    throw Error(path, "", "is a directory, not a safetensors file");
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(path, "", "not a regular file");
-  }
-  auto bytes = std::make_shared<Bytes>();
-  if (st.st_size > 0) {
-    const auto size = static_cast<size_t>(st.st_size);
-    void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (map == MAP_FAILED) throw Error(path, "", "cannot map the file: " + errno_text(err));
-    bytes->map = map;
-    bytes->map_size = size;
-    bytes->data = static_cast<const std::byte*>(map);
-    bytes->size = size;
-  } else {
-    ::close(fd);
-  }
-  return parse(std::move(bytes), path);
+  return parse(map_file(path, "a safetensors file"), path);
 }
 
 SafetensorsFile SafetensorsFile::from_bytes(std::string contents, const std::string& source) {
-  auto bytes = std::make_shared<Bytes>();
-  bytes->owned = std::move(contents);
-  bytes->data = reinterpret_cast<const std::byte*>(bytes->owned.data());
-  bytes->size = bytes->owned.size();
-  return parse(std::move(bytes), source);
+  return parse(bytes_from_string(std::move(contents)), source);
 }
 
-SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const Bytes> bytes, const std::string& source) {
+SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const FileBytes> bytes, const std::string& source) {
   const uint64_t file_size = bytes->size;
   if (file_size < 8) {
     throw Error(source, "header size", "file is " + std::to_string(file_size) +

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+
+#include "keel/core/file_bytes.hpp"
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,15 +66,14 @@ class SafetensorsFile {
   const nlohmann::json& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 
-  struct Bytes;  // the mapping or buffer behind the file (defined in safetensors.cpp)
 
  private:
   SafetensorsFile() = default;
-  static SafetensorsFile parse(std::shared_ptr<const Bytes> bytes, const std::string& source);
+  static SafetensorsFile parse(std::shared_ptr<const FileBytes> bytes, const std::string& source);
   const TensorRecord& require(const std::string& name) const;
 
   std::string path_;
-  std::shared_ptr<const Bytes> bytes_;
+  std::shared_ptr<const FileBytes> bytes_;
   const std::byte* data_ = nullptr;  // start of the data buffer inside bytes_
   std::vector<TensorRecord> tensors_;
   std::vector<size_t> by_name_;      // indices into tensors_, sorted by name, for find()
