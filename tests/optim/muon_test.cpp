@@ -225,6 +225,23 @@ TEST(Muon, UpdateRmsMoonlight) {
   }
 }
 
+TEST(Muon, UpdateRmsIsExactlyPointTwoWithUpdateNorm) {
+  // Moonlight §3.1's "Update Norm": full-rank inputs of every shape get update RMS 0.2.
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{128, 512}, {512, 128}, {256, 256}, {96, 40}}) {
+    const auto [rms, sv_rms] = update_rms(MuonScaling::UpdateNorm, r, c);
+    std::printf("UpdateNorm update RMS %ldx%ld: %.6f (sqrt(mean sigma'^2) = %.4f)\n", static_cast<long>(r),
+                static_cast<long>(c), rms, sv_rms);
+    EXPECT_NEAR(rms, 0.2, 0.2 * 1e-5) << r << "x" << c;
+  }
+}
+
+TEST(Muon, ScalingNamesParse) {
+  EXPECT_EQ(parse_muon_scaling("moonlight"), MuonScaling::Moonlight);
+  EXPECT_EQ(parse_muon_scaling("keller_jordan"), MuonScaling::KellerJordan);
+  EXPECT_EQ(parse_muon_scaling("update_norm"), MuonScaling::UpdateNorm);
+  EXPECT_THROW(parse_muon_scaling("spectral"), Error);
+}
+
 TEST(Muon, UpdateRmsKellerJordan) {
   for (auto [r, c] : {std::pair<int64_t, int64_t>{128, 512}, {512, 128}}) {
     const auto [rms, sv_rms] = update_rms(MuonScaling::KellerJordan, r, c);

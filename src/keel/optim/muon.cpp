@@ -78,12 +78,28 @@ bool Muon::uses_muon(const std::string& name) const {
   return std::find(muon_names_.begin(), muon_names_.end(), name) != muon_names_.end();
 }
 
-float Muon::update_scale(int64_t rows, int64_t cols) const {
+MuonScaling parse_muon_scaling(const std::string& name) {
+  if (name == "moonlight") return MuonScaling::Moonlight;
+  if (name == "keller_jordan") return MuonScaling::KellerJordan;
+  if (name == "update_norm") return MuonScaling::UpdateNorm;
+  throw Error("", "optimizer.muon_scaling", "unknown scaling '" + name + "'; supported: moonlight, keller_jordan, update_norm");
+}
+
+float Muon::update_scale(int64_t rows, int64_t cols, const float* o) const {
   switch (config_.scaling) {
     case MuonScaling::Moonlight:
       return config_.update_rms * std::sqrt(static_cast<float>(std::max(rows, cols)));
     case MuonScaling::KellerJordan:
       return std::sqrt(std::max(1.0f, static_cast<float>(rows) / static_cast<float>(cols)));
+    case MuonScaling::UpdateNorm: {
+      KEEL_CHECK(o != nullptr);
+      // Serial double sum: a fixed order keeps Muon steps bit-reproducible (exact resume).
+      double sum_sq = 0;
+      const int64_t n = rows * cols;
+      for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(o[i]) * o[i];
+      const double rms = std::sqrt(sum_sq / static_cast<double>(n));
+      return rms > 0 ? static_cast<float>(config_.update_rms / rms) : 0.0f;
+    }
   }
   return 1.0f;
 }
@@ -110,8 +126,8 @@ void Muon::step(nn::ParameterStore& store, float lr) {
     newton_schulz5(u, ortho_.data(), rows, cols, workspace_.data(), config_.ns_steps);
     ns_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const float decay = p.weight_decay ? 1.0f - lr * config_.weight_decay : 1.0f;
-    const float step_size = lr * update_scale(rows, cols);
     const float* o = ortho_.data();
+    const float step_size = lr * update_scale(rows, cols, o);
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < p.numel; ++i) w[i] = w[i] * decay - step_size * o[i];
   }

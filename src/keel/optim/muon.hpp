@@ -10,8 +10,13 @@
 //   W   ← W·(1 − lr·wd)              (decay with the base lr)
 //   W   ← W − lr·scale·O
 // scale = 0.2·sqrt(max(A, B)) (Moonlight update-RMS matching, so Muon shares AdamW's lr and wd),
-// or sqrt(max(1, A/B)) (Keller Jordan; update RMS 1/sqrt(B), lr ~ 0.02). A, B are the stored
+// 0.2/RMS(O) (Moonlight §3.1 "Update Norm": RMS exactly 0.2, one extra pass over O), or
+// sqrt(max(1, A/B)) (Keller Jordan; update RMS 1/sqrt(B), lr ~ 0.02). A, B are the stored
 // shape's first dimension and the product of the rest.
+//
+// Why the default lands at ≈0.18 rather than 0.2: 0.2·sqrt(max(A, B)) assumes O has unit singular
+// values, but NS5's coefficients trade accuracy for speed and leave them in ≈[0.68, 1.14] with an
+// RMS of ≈0.88 (tests/optim/muon_test.cpp measures both). UpdateNorm removes that gap exactly.
 //
 // Routing by name: a parameter uses Muon when the store marks it `matrix` (attention and MLP
 // projections; not embeddings, lm_head, norms or biases), unless a pattern overrides it.
@@ -28,7 +33,11 @@ namespace keel::optim {
 enum class MuonScaling {
   Moonlight,     // 0.2·sqrt(max(A, B)): update RMS 0.2
   KellerJordan,  // sqrt(max(1, A/B)): update RMS 1/sqrt(B)
+  UpdateNorm,    // 0.2/RMS(O): update RMS exactly 0.2 whatever NS5's singular values are
 };
+
+// "moonlight", "keller_jordan" or "update_norm"; throws keel::Error(field "muon_scaling") otherwise.
+MuonScaling parse_muon_scaling(const std::string& name);
 
 struct MuonConfig {
   float momentum = 0.95f;
@@ -58,8 +67,9 @@ class Muon {
   bool uses_muon(const std::string& name) const;
   const std::vector<size_t>& muon_entries() const { return muon_; }    // indices into store.entries()
   const std::vector<size_t>& adamw_entries() const { return adamw_; }
-  // Multiplier on lr·O for a (rows, cols) matrix under the configured scaling.
-  float update_scale(int64_t rows, int64_t cols) const;
+  // Multiplier on lr·O for a (rows, cols) matrix under the configured scaling; o (numel floats)
+  // is the orthogonalized update, read only by UpdateNorm.
+  float update_scale(int64_t rows, int64_t cols, const float* o = nullptr) const;
 
   const MuonConfig& config() const { return config_; }
   int64_t steps_taken() const { return step_; }

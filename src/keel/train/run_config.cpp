@@ -169,8 +169,8 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   c.momentum = opt.non_negative("momentum", c.momentum);
   if (c.momentum >= 1) opt.fail("momentum", "must be below 1");
   c.muon_scaling = opt.get<std::string>("muon_scaling", c.muon_scaling);
-  if (c.muon_scaling != "moonlight" && c.muon_scaling != "keller_jordan") {
-    opt.fail("muon_scaling", "unknown scaling '" + c.muon_scaling + "'; supported: moonlight, keller_jordan");
+  if (c.muon_scaling != "moonlight" && c.muon_scaling != "keller_jordan" && c.muon_scaling != "update_norm") {
+    opt.fail("muon_scaling", "unknown scaling '" + c.muon_scaling + "'; supported: moonlight, keller_jordan, update_norm");
   }
   c.qk_clip_tau = opt.non_negative("qk_clip_tau", c.qk_clip_tau);
   c.adamw_patterns = opt.strings("adamw_patterns");

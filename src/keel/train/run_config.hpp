@@ -30,7 +30,7 @@ struct RunConfig {
   std::string optimizer = "adamw";       // "adamw" or "muon" (Muon on hidden matrices, AdamW for the rest)
   double lr = 1e-3;
   double momentum = 0.95;                 // Muon
-  std::string muon_scaling = "moonlight"; // Muon: "moonlight" (update RMS 0.2, shares AdamW's lr) or "keller_jordan"
+  std::string muon_scaling = "moonlight"; // Muon: "moonlight" (0.2·sqrt(max(A,B)), shares AdamW's lr), "update_norm" (RMS exactly 0.2) or "keller_jordan"
   std::vector<std::string> adamw_patterns;  // Muon: parameter-name patterns forced to AdamW
   std::vector<std::string> muon_patterns;   // Muon: parameter-name patterns forced to Muon
   double qk_clip_tau = 0;                 // QK-Clip after each step (Kimi K2, MuonClip); 0 = off

@@ -140,7 +140,7 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
   if (c.optimizer == "muon") {
     optim::MuonConfig mc;
     mc.momentum = static_cast<float>(c.momentum);
-    mc.scaling = c.muon_scaling == "keller_jordan" ? optim::MuonScaling::KellerJordan : optim::MuonScaling::Moonlight;
+    mc.scaling = optim::parse_muon_scaling(c.muon_scaling);
     mc.weight_decay = static_cast<float>(c.weight_decay);
     mc.adamw = adam_cfg;
     mc.force_adamw = c.adamw_patterns;
