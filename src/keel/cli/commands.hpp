@@ -10,5 +10,6 @@ void register_model_commands(CLI::App& app);  // init, eval, grad, train, bench
 void register_data_commands(CLI::App& app);   // data prepare
 void register_generate_commands(CLI::App& app);  // generate, export
 void register_tokenizer_commands(CLI::App& app);  // tokenize, tokenizer train
+void register_report_commands(CLI::App& app);     // plot
 
 }  // namespace keel::cli

@@ -1,0 +1,54 @@
+// `keel plot`: the figures of one training run (SVG + an HTML page), from its metrics.jsonl.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "keel/cli/commands.hpp"
+#include "keel/core/error.hpp"
+#include "keel/report/run_plots.hpp"
+
+namespace keel::cli {
+
+namespace {
+
+void register_plot(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "plot",
+      "Plot a training run: per-head max-logit heatmap, loss, max logit and clipped heads, an overview, "
+      "and index.html holding them (SVG)");
+  struct Options {
+    std::string run_dir, out, format = "svg";
+    size_t max_columns = 400;
+    bool no_html = false;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("RUN_DIR", o->run_dir, "run folder written by `keel train` (holds metrics.jsonl)")->required();
+  cmd->add_option("--out", o->out, "folder for the plots (default: RUN_DIR/plots)");
+  cmd->add_option("--format", o->format, "svg (png: convert the SVGs, e.g. rsvg-convert -o x.png x.svg)")
+      ->capture_default_str();
+  cmd->add_option("--max-columns", o->max_columns,
+                  "heatmap columns at most; longer runs are binned, each column the max of its steps")
+      ->capture_default_str();
+  cmd->add_flag("--no-html", o->no_html, "do not write index.html");
+  cmd->callback([o] {
+    if (o->format == "png") {
+      throw Error("", "--format",
+                  "png is not built in (keel renders SVG without extra libraries); convert the SVGs, e.g. "
+                  "rsvg-convert -o loss.png loss.svg");
+    }
+    if (o->format != "svg") throw Error("", "--format", "expected svg, got '" + o->format + "'");
+    if (o->max_columns == 0) throw Error("", "--max-columns", "must be >= 1");
+    report::PlotSettings settings;
+    settings.max_columns = o->max_columns;
+    settings.html = !o->no_html;
+    const report::PlotResult r = report::plot_run(o->run_dir, o->out, settings);
+    for (const auto& note : r.notes) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
+    for (const auto& path : r.written) std::printf("%s\n", path.c_str());
+  });
+}
+
+}  // namespace
+
+void register_report_commands(CLI::App& app) { register_plot(app); }
+
+}  // namespace keel::cli

@@ -1,0 +1,79 @@
+#pragma once
+// A training run's metrics.jsonl read into typed series, and the plots of one run that
+// `keel plot` writes: the per-head max-logit heatmap, loss curves, max logit (with QK-Clip's
+// clipped heads), an overview of small multiples and an HTML page holding them all.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/report/charts.hpp"
+
+namespace keel::report {
+
+// One metric over steps: only the lines that carry it (val_loss is on evaluation steps only).
+// A null or "NaN"/"Infinity" value is kept as a non-finite number (JSON has no NaN literal;
+// nlohmann writes NaN as null).
+struct Points {
+  std::vector<double> step, value;
+  bool empty() const { return step.empty(); }
+  size_t size() const { return step.size(); }
+};
+
+struct RunMetrics {
+  std::string path;
+  std::vector<double> steps;  // the step of every line, increasing
+  Points tokens, loss, ce, lr, grad_norm, tokens_per_s, max_logit, val_loss, qk_clip_heads;
+  // max_logit_per_head as written by the trainer: per step, layers x heads (row-major);
+  // NaN for lines without it. layers == 0: no line has it (a run from before per-head logging).
+  int64_t layers = 0, heads = 0;
+  std::vector<double> per_head;  // steps.size() * layers * heads
+  bool partial_last_line = false;  // an unterminated last line that does not parse was skipped
+  bool has_per_head() const { return layers > 0 && heads > 0; }
+};
+
+// Parses metrics.jsonl text. Unknown keys are ignored. A line that is not a JSON object, lacks
+// an integer `step`, has a known key of the wrong type, or a max_logit_per_head that is not
+// layers x heads numbers (the same shape on every line) is a keel::Error naming "path:line"
+// and the key. An unterminated last line that does not parse is a line being written by a
+// running trainer: skipped. A step at or below an earlier one replaces what follows it (the
+// trainer rewrites metrics after a resume the same way). No lines at all: keel::Error.
+RunMetrics parse_metrics(std::string_view text, const std::string& path);
+// Reads and parses RUN_DIR/metrics.jsonl (or any path).
+RunMetrics read_metrics(const std::string& path);
+
+struct PlotSettings {
+  std::string run_name;          // shown in titles
+  size_t max_columns = 400;      // heatmap columns at most (steps are binned by max beyond)
+  double qk_clip_tau = 0;        // > 0: drawn as a reference line
+  bool html = true;              // index.html too
+};
+
+struct PlotFile {
+  std::string name;     // file name inside the output folder
+  std::string content;
+};
+
+struct RunPlots {
+  std::vector<PlotFile> files;
+  std::vector<std::string> notes;  // what was skipped and why, for the CLI to print
+};
+
+// The heatmap of max_logit_per_head: one row per (layer, head) labelled "L0 H0", grouped by
+// layer; one column per bin of steps holding the bin's max (so spikes survive).
+Heatmap max_logit_heatmap(const RunMetrics& m, const PlotSettings& settings);
+LineChart loss_chart(const RunMetrics& m, const PlotSettings& settings);
+
+// Every plot of one run, rendered in memory (nothing is written).
+RunPlots render_run_plots(const RunMetrics& m, const PlotSettings& settings);
+
+// `keel plot`: reads RUN_DIR/metrics.jsonl (and optimizer.qk_clip_tau from RUN_DIR/run.toml
+// when it has one), renders everything first, then writes each file atomically into out_dir
+// (default RUN_DIR/plots). Returns what was written (paths) and the notes.
+struct PlotResult {
+  std::vector<std::string> written;
+  std::vector<std::string> notes;
+};
+PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, PlotSettings settings = {});
+
+}  // namespace keel::report
