@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "keel/io/safetensors.hpp"
 #include "keel/optim/adamw.hpp"
 #include "keel/optim/grad_clip.hpp"
+#include "keel/optim/muon.hpp"
 #include "keel/train/run_config.hpp"
 #include "keel/train/trainer.hpp"
 
@@ -231,9 +233,9 @@ void register_train(CLI::App& app) {
 }
 
 void register_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW) on random tokens");
+  auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW or Muon) on random tokens");
   struct Options {
-    std::string config;
+    std::string config, optimizer = "adamw";
     std::vector<std::string> sets;
     int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
     bool json = false;
@@ -245,7 +247,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--seq", o->seq, "tokens per sequence")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--steps", o->steps, "timed steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\"}");
+  cmd->add_option("--optimizer", o->optimizer, "adamw or muon (Muon also reports the Newton-Schulz share of a step)")
+      ->check(CLI::IsMember({"adamw", "muon"}));
+  cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->callback([o] {
     arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
     if (o->seq > spec.max_position_embeddings) {
@@ -254,7 +258,15 @@ void register_bench(CLI::App& app) {
     nn::TransformerModel model(spec);
     model.initialize(1);
     auto& store = model.parameters();
-    optim::AdamW adamw(store, {});
+    const bool use_muon = o->optimizer == "muon";
+    std::optional<optim::AdamW> adamw;
+    std::optional<optim::Muon> muon;
+    if (use_muon) {
+      muon.emplace(store, optim::MuonConfig{});
+    } else {
+      adamw.emplace(store, optim::AdamWConfig{});
+    }
+    double ns_seconds = 0;  // Newton-Schulz time of the timed steps
     const int64_t n = o->batch * o->seq;
     std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
@@ -265,18 +277,32 @@ void register_bench(CLI::App& app) {
       store.zero_grad();
       model.forward_backward(tokens.data(), targets.data(), o->batch, o->seq, 1.0f / static_cast<float>(n));
       optim::clip_grad_norm(store.grads(), 1.0);
-      adamw.step(store, 1e-4f);
+      if (muon) {
+        muon->step(store, 1e-4f);
+        ns_seconds += muon->last_ns_seconds();
+      } else {
+        adamw->step(store, 1e-4f);
+      }
     };
     for (int64_t i = 0; i < o->warmup; ++i) step();
+    ns_seconds = 0;
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o->steps; ++i) step();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
                 static_cast<double>(o->steps);
     double tps = static_cast<double>(n) / (ms / 1000.0);
+    const double ns_ms = ns_seconds * 1000.0 / static_cast<double>(o->steps);
     if (o->json) {
-      std::printf("%s\n", json{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss_mb()}}.dump().c_str());
+      json out{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss_mb()}, {"optimizer", o->optimizer}};
+      if (use_muon) {
+        out["ns_ms_per_step"] = ns_ms;
+        out["ns_share"] = ns_ms / ms;
+      }
+      std::printf("%s\n", out.dump().c_str());
     } else {
-      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB\n", ms, tps, peak_rss_mb());
+      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB", ms, tps, peak_rss_mb());
+      if (use_muon) std::printf(", Newton-Schulz %.2f ms/step (%.1f%% of the step)", ns_ms, 100.0 * ns_ms / ms);
+      std::printf("\n");
     }
   });
 }
