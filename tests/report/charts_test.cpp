@@ -59,6 +59,22 @@ TEST(Ema, ConstantStaysAndGapsDoNotPoison) {
   EXPECT_GT(g[4], g[2]);
 }
 
+TEST(MovingMedian, NoLagNoSmearGaps) {
+  // A single spike disappears; a step down stays exactly where it is.
+  const auto spike = moving_median({5, 1, 5, 5, 100, 5, 5}, 3);
+  EXPECT_EQ(spike[4], 5);
+  const auto step = moving_median({9, 9, 9, 9, 1, 1, 1, 1}, 3);
+  EXPECT_EQ(step[3], 9);
+  EXPECT_EQ(step[4], 1);
+  const auto gaps = moving_median({1, kNaN, 3}, 3);
+  EXPECT_EQ(gaps[0], 1);
+  EXPECT_TRUE(std::isnan(gaps[1]));
+  EXPECT_EQ(gaps[2], 3);
+  EXPECT_EQ(moving_median({1, 2, 3, 4}, 5)[0], 1);  // the window shrinks to the point itself at the ends
+  EXPECT_EQ(moving_median({1, 2, 3, 4}, 5)[1], 2);
+  EXPECT_EQ(moving_median({1, 2, kNaN, 4}, 3)[1], 1.5);  // an even count: the mean of the middle two
+}
+
 // Parses and checks a document; returns its root <svg>.
 const testing::XmlNode& checked(const std::unique_ptr<testing::XmlNode>& doc) {
   const auto& svg = *doc->children.front();

@@ -120,7 +120,9 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   for (const auto& s : chart.series) {
     if (!s.name.empty()) named.push_back(&s);
   }
-  const bool has_legend = !named.empty() || any_bad;
+  bool labelled_refs = false;
+  for (const auto& r : chart.ref_lines) labelled_refs |= !r.label.empty();
+  const bool has_legend = !named.empty() || any_bad || labelled_refs;
   const double legend_y = cursor + 18;
   if (has_legend) cursor += 20;
   cursor += 10;
@@ -142,7 +144,7 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
     y_labels.push_back(format_tick(v, yt.step, chart.y_si));
     label_w = std::max(label_w, text_width(y_labels.back(), 11));
   }
-  const double plot_left = frame.x + label_w + (chart.y_label.empty() ? 16 : 32);
+  const double plot_left = frame.x + std::max(chart.min_left_margin, label_w + (chart.y_label.empty() ? 16 : 32));
   const double plot_right = frame.x + frame.width - 16;
   const double plot_w = std::max(plot_right - plot_left, 20.0);
   const Scale sx{xr.lo, xr.hi, plot_left, plot_left + plot_w};
@@ -154,6 +156,10 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
     for (const Series* s : named) {
       lx += legend_entry(svg, lx, legend_y - 4, s->name, s->color, s->line, s->points, s->dashed,
                          std::max(s->opacity, 0.6));
+    }
+    // Reference lines are named here rather than on the line, where data would cover the label.
+    for (const auto& r : chart.ref_lines) {
+      if (!r.label.empty()) lx += legend_entry(svg, lx, legend_y - 4, r.label, r.color, true, false, true, 1);
     }
     if (any_bad) legend_entry(svg, lx, legend_y - 4, "non-finite", kBad, false, false, false, 1, true);
   }
@@ -211,9 +217,6 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   // ---- reference lines, then the series in order (later ones on top) ----
   for (const auto& r : chart.ref_lines) {
     svg.line(plot_left, sy(r.y), plot_left + plot_w, sy(r.y), r.color, 1.2, {Attr("stroke-dasharray", "6,4")});
-    if (!r.label.empty()) {
-      svg.text(plot_left + plot_w - 4, sy(r.y) - 4, r.label, 10, "end", {Attr("fill", r.color)});
-    }
   }
   for (const auto& s : chart.series) {
     svg.open("g", {Attr("class", "series"), Attr("opacity", s.opacity)});
@@ -317,7 +320,7 @@ std::string render_heatmap(const Heatmap& map, double width) {
 
   // Rows are at most 18 px and at least 2; when too thin for a label each, label the groups.
   double row_h = std::clamp(560.0 / static_cast<double>(rows), 2.0, 18.0);
-  if (row_h * static_cast<double>(rows) < 120) row_h = std::min(40.0, 120.0 / static_cast<double>(rows));
+  if (row_h * static_cast<double>(rows) < 200) row_h = std::min(40.0, 200.0 / static_cast<double>(rows));
   const bool label_rows = row_h >= 9;
   const double label_size = label_rows ? std::min(11.0, row_h * 0.8) : 11;
   double label_w = 0;
@@ -346,14 +349,16 @@ std::string render_heatmap(const Heatmap& map, double width) {
   for (size_t c = 0; c < cols; ++c) {
     const double x0 = sx(map.col_start[c]), x1 = sx(map.col_end[c]);
     col_x[c] = svg_number(x0);
-    col_w[c] = svg_number(std::max(x1 - x0, 0.0));
+    // Cells overlap the next by half a pixel: crispEdges rounds x and width separately, which
+    // would otherwise leave hairline gaps between columns.
+    col_w[c] = svg_number(std::max(x1 - x0, 0.0) + (c + 1 < cols ? 0.5 : 0.0));
   }
   svg.open("g", {Attr("class", "cells"), Attr("shape-rendering", "crispEdges")});
   for (size_t r = 0; r < rows; ++r) {
     svg.open("g", {Attr("class", "row")});
     if (r < map.row_tooltips.size()) svg.text_element("title", {}, map.row_tooltips[r]);
     const std::string y = svg_number(top + row_h * static_cast<double>(r));
-    const std::string h = svg_number(row_h);
+    const std::string h = svg_number(row_h + (r + 1 < rows ? 0.5 : 0.0));
     for (size_t c = 0; c < cols; ++c) {
       const double v = map.values[r * cols + c];
       const std::string fill = std::isfinite(v) ? viridis((v - vr.lo) / (vr.hi - vr.lo)).hex() : map.missing_color;
@@ -423,10 +428,13 @@ std::string render_heatmap(const Heatmap& map, double width) {
                        Attr("fill", "url(#keel-viridis)"), Attr("stroke", kAxis), Attr("stroke-width", 0.5)});
   if (vr.any) {
     const Scale sv{vr.lo, vr.hi, bar_top + bar_h, bar_top};
-    const Ticks vt = nice_ticks(vr.lo, vr.hi, std::clamp(static_cast<int>(bar_h / 40), 2, 8));
+    const Ticks vt = nice_ticks(vr.lo, vr.hi, std::clamp(static_cast<int>(bar_h / 30), 3, 8));
     for (double v : vt.values) {
       svg.line(bar_x + bar_w, sv(v), bar_x + bar_w + 4, sv(v), kAxis, 1);
       svg.text(bar_x + bar_w + 7, sv(v) + 4, format_tick(v, vt.step), 10);
+    }
+    if (map.bar_mark && *map.bar_mark >= vr.lo && *map.bar_mark <= vr.hi) {
+      svg.line(bar_x - 3, sv(*map.bar_mark), bar_x + bar_w + 3, sv(*map.bar_mark), kBad, 2);
     }
   } else {
     svg.text(left + plot_w / 2, top + plot_h / 2, "no finite values", 13, "middle");
@@ -464,6 +472,31 @@ std::vector<double> ema(const std::vector<double>& y, double span) {
     acc = w * acc + (1 - w) * y[i];
     norm = w * norm + (1 - w);
     out[i] = acc / norm;
+  }
+  return out;
+}
+
+std::vector<double> moving_median(const std::vector<double>& y, size_t window) {
+  const size_t half = window / 2;
+  std::vector<double> out(y.size(), std::numeric_limits<double>::quiet_NaN());
+  std::vector<double> buf;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (!std::isfinite(y[i])) continue;
+    buf.clear();
+    // Symmetric even at the ends (the window shrinks on both sides), so a steep start is not
+    // pulled toward later values.
+    const size_t h = std::min({half, i, y.size() - 1 - i});
+    const size_t lo = i - h, hi = i + h + 1;
+    for (size_t k = lo; k < hi; ++k) {
+      if (std::isfinite(y[k])) buf.push_back(y[k]);
+    }
+    const size_t mid = buf.size() / 2;
+    std::nth_element(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(mid), buf.end());
+    double m = buf[mid];
+    if (buf.size() % 2 == 0) {  // even count: the mean of the two middle values
+      m = (m + *std::max_element(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(mid))) / 2;
+    }
+    out[i] = m;
   }
   return out;
 }

@@ -57,6 +57,7 @@ struct LineChart {
   bool y_integer = false;              // counts
   bool y_si = false;                   // SI suffixes on y tick labels
   std::string empty_note = "no data";  // shown when no series has a finite point
+  double min_left_margin = 60;         // room for y labels at least: stacked panels align
 };
 
 // The whole panel (title, legend, axes, data) inside `frame`.
@@ -78,6 +79,7 @@ struct Heatmap {
   std::vector<double> values;       // rows x columns, row-major; NaN: no data (grey)
   std::vector<std::string> row_tooltips;   // optional, per row
   std::string missing_color = "#d9d9d9";
+  std::optional<double> bar_mark;   // a red mark across the colorbar (a threshold such as τ)
 };
 
 // Color scale range of a heatmap: min and max of its finite values (lo < hi always).
@@ -104,5 +106,9 @@ double bin_max(const std::vector<double>& values, size_t begin, size_t end, size
 // Bias-corrected exponential moving average (TensorBoard's smoothing) that skips non-finite
 // points (they stay NaN in the output and do not poison what follows).
 std::vector<double> ema(const std::vector<double>& y, double span);
+// Centered moving median over `window` points (odd; shrinks symmetrically at the ends), finite
+// points only;
+// NaN where y is not finite. No lag on a falling loss, and a single spike does not smear.
+std::vector<double> moving_median(const std::vector<double>& y, size_t window);
 
 }  // namespace keel::report

@@ -98,8 +98,8 @@ Series make_series(const Points& p, std::string name, std::string color) {
   return s;
 }
 
-// About 2.5% of the run: smooths step noise without lagging far behind a falling loss.
-double smoothing_span(size_t n) { return std::clamp(static_cast<double>(n) / 40.0, 1.0, 50.0); }
+// The smoothing window: about 4% of the run, odd, between 1 and 101 steps.
+size_t smoothing_window(size_t n) { return std::clamp<size_t>(n / 25, 0, 50) * 2 + 1; }
 
 std::string title_of(const PlotSettings& s, const std::string& what) {
   return s.run_name.empty() ? what : what + " \u2014 " + s.run_name;
@@ -143,10 +143,11 @@ void add_raw_and_smoothed(LineChart& c, const Points& p, const std::string& name
   raw.width = 1;
   raw.opacity = 0.55;
   c.series.push_back(raw);
-  const double span = smoothing_span(p.size());
-  if (span > 1.5) {
-    Series s = make_series(p, legend ? name + " (EMA, span " + format_value(std::round(span)) + ")" : "", dark);
-    s.y = ema(p.value, span);
+  // A centered median rather than TensorBoard's EMA: no lag behind a falling curve.
+  const size_t window = smoothing_window(p.size());
+  if (window >= 3) {
+    Series s = make_series(p, legend ? name + " (median of " + std::to_string(window) + " steps)" : "", dark);
+    s.y = moving_median(p.value, window);
     s.width = 2;
     c.series.push_back(s);
   }
@@ -368,6 +369,10 @@ Heatmap max_logit_heatmap(const RunMetrics& m, const PlotSettings& settings) {
                (per_bin_max > 1 ? "; each column is the max over " + std::to_string(per_bin_max) + " steps" : "") +
                "; colour: largest scaled logit q\u00b7k/\u221ad of the step";
   h.value_label = "max logit q\u00b7k/\u221ad";
+  if (settings.qk_clip_tau > 0) {
+    h.bar_mark = settings.qk_clip_tau;
+    h.subtitle += "; red mark on the colorbar: QK-Clip \u03c4 = " + format_value(settings.qk_clip_tau);
+  }
   for (const Bin& b : bins) {
     h.col_start.push_back(m.steps[b.begin] - 0.5);
     h.col_end.push_back(m.steps[b.end - 1] + 0.5);
@@ -413,8 +418,8 @@ LineChart loss_chart(const RunMetrics& m, const PlotSettings& settings) {
     differs |= std::isfinite(m.ce.value[i]) && std::abs(m.ce.value[i] - m.loss.value[i]) > 1e-6;
   }
   if (differs) {
-    Series ce = make_series(m.ce, "cross-entropy (EMA)", kGreen);
-    ce.y = ema(m.ce.value, smoothing_span(m.ce.size()));
+    Series ce = make_series(m.ce, "cross-entropy (smoothed)", kGreen);
+    ce.y = moving_median(m.ce.value, smoothing_window(m.ce.size()));
     ce.dashed = true;
     c.series.push_back(ce);
   }
@@ -427,7 +432,7 @@ LineChart loss_chart(const RunMetrics& m, const PlotSettings& settings) {
   std::string sub;
   if (const auto l = last_finite(m.loss)) {
     sub = "last training loss " + format_value(l->second);
-    const std::vector<double> sm = ema(m.loss.value, smoothing_span(m.loss.size()));
+    const std::vector<double> sm = moving_median(m.loss.value, smoothing_window(m.loss.size()));
     for (size_t i = sm.size(); i-- > 0;) {
       if (std::isfinite(sm[i])) {
         sub += " (smoothed " + format_value(sm[i]) + ")";
