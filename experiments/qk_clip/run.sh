@@ -4,8 +4,9 @@
 #   (a) a_baseline: neither QK-Norm nor QK-Clip
 #   (b) b_qk_clip:  QK-Clip with tau = 50 (binds from about step 100)
 #   (c) c_qk_norm:  Qwen3's QK-Norm, no clip
-# The three runs go side by side, one thread each (on 2 cores that beats one run at a time on two
-# threads: no synchronization between threads). About 15 minutes on 2 cores. Resumable: a
+#   (d) d_low_lr:   as (a) at a tenth of the learning rate (2e-3), the reference for "high"
+# The four runs go side by side, one thread each (on 2 cores that beats one run at a time on two
+# threads: no synchronization between threads). About 20 minutes on 2 cores. Resumable: a
 # finished run is skipped, an interrupted one resumes from its last checkpoint. Needs `make data`
 # first (the Brown tokenizer and shards). Logs: OUT_DIR/<name>.log.
 #   bash experiments/qk_clip/run.sh [KEEL_BINARY] [OUT_DIR]
@@ -38,13 +39,14 @@ start=$(date +%s)
 run a_baseline & a=$!
 run b_qk_clip --set optimizer.qk_clip_tau=50 & b=$!
 run c_qk_norm --set 'model.set=[]' & c=$!
+run d_low_lr --set optimizer.lr=2e-3 & d=$!
 status=0
-for pid in $a $b $c; do wait "$pid" || status=1; done
+for pid in $a $b $c $d; do wait "$pid" || status=1; done
 (( status == 0 )) || { echo "run.sh: a run failed; see $OUT/*.log" >&2; exit 1; }
 echo "training took $(( ($(date +%s) - start) / 60 )) min"
 
-for name in a_baseline b_qk_clip c_qk_norm; do
+for name in a_baseline b_qk_clip c_qk_norm d_low_lr; do
   "$KEEL" plot "$OUT/$name" --out "$OUT/$name/plots"
 done
-"$KEEL" plot "$OUT/a_baseline" "$OUT/b_qk_clip" "$OUT/c_qk_norm" --out experiments/qk_clip/figures
+"$KEEL" plot "$OUT/a_baseline" "$OUT/b_qk_clip" "$OUT/c_qk_norm" "$OUT/d_low_lr" --out experiments/qk_clip/figures
 echo "figures: experiments/qk_clip/figures/"
