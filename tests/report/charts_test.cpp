@@ -106,6 +106,16 @@ TEST(LineChart, NonFiniteValuesBreakTheLineAndAreMarked) {
   EXPECT_NE(text.find("loss &lt;raw&gt; &amp; smoothed"), std::string::npos);
 }
 
+TEST(LineChart, HugeValuesOfADivergedRunAreMarkedNotScaled) {
+  LineChart c;
+  c.series.push_back(Series{"grad_norm", {1, 2, 3, 4}, {1, 1e300, -1e300, 2}});
+  const std::string text = render_line_chart(c);
+  const auto doc = testing::parse_xml(text);
+  const auto& svg = checked(doc);
+  EXPECT_EQ(svg.all("g", "non-finite").at(0)->all("path").size(), 2u);
+  EXPECT_EQ(format_tick(1e300, 1e299), "1e+300");
+}
+
 TEST(LineChart, OnePointOneSeriesAndNoData) {
   LineChart c;
   c.title = "one step";

@@ -17,11 +17,15 @@ constexpr const char* kGrid = "#e8e8e8";
 constexpr const char* kAxis = "#444444";
 constexpr const char* kBad = "#d62728";  // non-finite markers
 
+// Finite and far from overflow: values beyond 1e200 (a diverged run) are drawn like non-finite
+// ones, since scaling them could overflow to inf and no axis could show them next to the rest.
+bool plottable(double v) { return std::isfinite(v) && std::abs(v) < 1e200; }
+
 struct Range {
   double lo = std::numeric_limits<double>::infinity();
   double hi = -std::numeric_limits<double>::infinity();
   void add(double v) {
-    if (!std::isfinite(v)) return;
+    if (!plottable(v)) return;
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
@@ -48,7 +52,7 @@ struct Scale {
 // Linear interpolation of x at `value` on increasing arrays (secondary axes).
 std::optional<double> invert_monotone(const std::vector<double>& x, const std::vector<double>& value, double v) {
   for (size_t i = 1; i < value.size(); ++i) {
-    if (!std::isfinite(value[i - 1]) || !std::isfinite(value[i]) || !std::isfinite(x[i - 1]) || !std::isfinite(x[i])) continue;
+    if (!plottable(value[i - 1]) || !plottable(value[i]) || !plottable(x[i - 1]) || !plottable(x[i])) continue;
     if (value[i - 1] <= v && v <= value[i] && value[i] > value[i - 1]) {
       return x[i - 1] + (v - value[i - 1]) / (value[i] - value[i - 1]) * (x[i] - x[i - 1]);
     }
@@ -86,9 +90,9 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   for (const auto& s : chart.series) {
     KEEL_CHECK(s.x.size() == s.y.size());
     for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!std::isfinite(s.x[i])) continue;
+      if (!plottable(s.x[i])) continue;
       xr.add(s.x[i]);
-      if (std::isfinite(s.y[i])) {
+      if (plottable(s.y[i])) {
         yr.add(s.y[i]);
       } else {
         any_bad = true;
@@ -237,8 +241,8 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
       run.clear();
     };
     for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!std::isfinite(s.x[i])) continue;
-      if (!std::isfinite(s.y[i])) {
+      if (!plottable(s.x[i])) continue;
+      if (!plottable(s.y[i])) {
         flush();
         continue;
       }
@@ -247,7 +251,7 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
     flush();
     if (s.points) {
       for (size_t i = 0; i < s.x.size(); ++i) {
-        if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+        if (!plottable(s.x[i]) || !plottable(s.y[i])) continue;
         svg.element("circle", {Attr("cx", sx(s.x[i])), Attr("cy", sy(s.y[i])), Attr("r", 3), Attr("fill", s.color),
                                Attr("stroke", "#ffffff"), Attr("stroke-width", 0.8)});
       }
@@ -259,9 +263,9 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
     svg.open("g", {Attr("class", "non-finite"), Attr("fill", kBad)});
     for (const auto& s : chart.series) {
       for (size_t i = 0; i < s.x.size(); ++i) {
-        if (!std::isfinite(s.x[i]) || std::isfinite(s.y[i])) continue;
+        if (!plottable(s.x[i]) || plottable(s.y[i])) continue;
         const double x = sx(s.x[i]);
-        const bool bottom = std::isinf(s.y[i]) && s.y[i] < 0;
+        const bool bottom = s.y[i] < 0;  // -Inf or a huge negative value; NaN goes on top
         const double y = bottom ? plot_top + plot_h : plot_top;
         const std::string d = path_move(x, y) + (bottom ? "l5,0l-5,-7l-5,7z" : "l5,0l-5,7l-5,-7z");
         svg.open("path", {Attr("d", d)});
@@ -361,7 +365,7 @@ std::string render_heatmap(const Heatmap& map, double width) {
     const std::string h = svg_number(row_h + (r + 1 < rows ? 0.5 : 0.0));
     for (size_t c = 0; c < cols; ++c) {
       const double v = map.values[r * cols + c];
-      const std::string fill = std::isfinite(v) ? viridis((v - vr.lo) / (vr.hi - vr.lo)).hex() : map.missing_color;
+      const std::string fill = plottable(v) ? viridis((v - vr.lo) / (vr.hi - vr.lo)).hex() : map.missing_color;
       svg.element("rect", {Attr("x", col_x[c]), Attr("y", y), Attr("width", col_w[c]), Attr("height", h),
                            Attr("fill", fill)});
     }
@@ -458,7 +462,7 @@ double bin_max(const std::vector<double>& values, size_t begin, size_t end, size
   double best = std::numeric_limits<double>::quiet_NaN();
   for (size_t i = begin; i < end; ++i) {
     const double v = values[i * stride + offset];
-    if (std::isfinite(v) && !(v <= best)) best = v;  // !(v <= NaN) takes the first finite value
+    if (plottable(v) && !(v <= best)) best = v;  // !(v <= NaN) takes the first finite value
   }
   return best;
 }
@@ -468,7 +472,7 @@ std::vector<double> ema(const std::vector<double>& y, double span) {
   std::vector<double> out(y.size(), std::numeric_limits<double>::quiet_NaN());
   double acc = 0, norm = 0;
   for (size_t i = 0; i < y.size(); ++i) {
-    if (!std::isfinite(y[i])) continue;
+    if (!plottable(y[i])) continue;
     acc = w * acc + (1 - w) * y[i];
     norm = w * norm + (1 - w);
     out[i] = acc / norm;
@@ -481,14 +485,14 @@ std::vector<double> moving_median(const std::vector<double>& y, size_t window) {
   std::vector<double> out(y.size(), std::numeric_limits<double>::quiet_NaN());
   std::vector<double> buf;
   for (size_t i = 0; i < y.size(); ++i) {
-    if (!std::isfinite(y[i])) continue;
+    if (!plottable(y[i])) continue;
     buf.clear();
     // Symmetric even at the ends (the window shrinks on both sides), so a steep start is not
     // pulled toward later values.
     const size_t h = std::min({half, i, y.size() - 1 - i});
     const size_t lo = i - h, hi = i + h + 1;
     for (size_t k = lo; k < hi; ++k) {
-      if (std::isfinite(y[k])) buf.push_back(y[k]);
+      if (plottable(y[k])) buf.push_back(y[k]);
     }
     const size_t mid = buf.size() / 2;
     std::nth_element(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(mid), buf.end());

@@ -526,7 +526,7 @@ PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, Plot
   if (!fs::is_directory(run_dir)) throw Error(run_dir, "", "not a folder (expected a run folder of `keel train`)");
   const RunMetrics m = read_metrics((fs::path(run_dir) / train::kMetricsFile).string());
   if (settings.run_name.empty()) {
-    fs::path p = fs::path(run_dir).lexically_normal();
+    fs::path p = fs::absolute(run_dir).lexically_normal();
     if (p.filename().empty()) p = p.parent_path();
     settings.run_name = p.filename().string();
   }

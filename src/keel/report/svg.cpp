@@ -185,7 +185,7 @@ std::string format_tick(double value, double step, bool si) {
     if (u.scale > 1) return trim_fixed(fixed(value / u.scale, step_decimals(step / u.scale))) + u.suffix;
   }
   const int decimals = step_decimals(step);
-  if (decimals > 6) {  // tiny steps (a learning rate near 1e-6): scientific notation is shorter
+  if (decimals > 6 || std::abs(value) >= 1e15) {  // tiny steps (an LR near 1e-6) or huge values
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.3g", value);
     return buf;
