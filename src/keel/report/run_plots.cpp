@@ -432,12 +432,15 @@ LineChart loss_chart(const RunMetrics& m, const PlotSettings& settings) {
   std::string sub;
   if (const auto l = last_finite(m.loss)) {
     sub = "last training loss " + format_value(l->second);
-    const std::vector<double> sm = moving_median(m.loss.value, smoothing_window(m.loss.size()));
-    for (size_t i = sm.size(); i-- > 0;) {
-      if (std::isfinite(sm[i])) {
-        sub += " (smoothed " + format_value(sm[i]) + ")";
-        break;
-      }
+    // The median of the last window (the centered curve's end point is the raw value itself).
+    std::vector<double> tail;
+    const size_t window = smoothing_window(m.loss.size());
+    for (size_t i = m.loss.size(); i-- > 0 && tail.size() < window;) {
+      if (std::isfinite(m.loss.value[i])) tail.push_back(m.loss.value[i]);
+    }
+    if (tail.size() > 1) {
+      std::nth_element(tail.begin(), tail.begin() + static_cast<std::ptrdiff_t>(tail.size() / 2), tail.end());
+      sub += " (median of the last " + std::to_string(tail.size()) + " steps " + format_value(tail[tail.size() / 2]) + ")";
     }
   }
   if (const auto v = min_finite(m.val_loss)) {
