@@ -2,9 +2,11 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "keel/cli/commands.hpp"
 #include "keel/core/error.hpp"
+#include "keel/report/compare_plots.hpp"
 #include "keel/report/run_plots.hpp"
 
 namespace keel::cli {
@@ -15,15 +17,18 @@ void register_plot(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "plot",
       "Plot a training run: per-head max-logit heatmap, loss, max logit and clipped heads, an overview, "
-      "and index.html holding them (SVG)");
+      "and index.html holding them (SVG). Several RUN_DIRs: the runs side by side (one colour each) "
+      "with a summary table, into --out");
   struct Options {
-    std::string run_dir, out, format = "svg";
+    std::vector<std::string> run_dirs;
+    std::string out, format = "svg";
     size_t max_columns = 400;
     bool no_html = false;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("RUN_DIR", o->run_dir, "run folder written by `keel train` (holds metrics.jsonl)")->required();
-  cmd->add_option("--out", o->out, "folder for the plots (default: RUN_DIR/plots)");
+  cmd->add_option("RUN_DIR", o->run_dirs, "run folder(s) written by `keel train` (each holds metrics.jsonl)")
+      ->required();
+  cmd->add_option("--out", o->out, "folder for the plots (default with one run: RUN_DIR/plots; required with several)");
   cmd->add_option("--format", o->format, "svg (png: convert the SVGs, e.g. rsvg-convert -o x.png x.svg)")
       ->capture_default_str();
   cmd->add_option("--max-columns", o->max_columns,
@@ -41,7 +46,9 @@ void register_plot(CLI::App& app) {
     report::PlotSettings settings;
     settings.max_columns = o->max_columns;
     settings.html = !o->no_html;
-    const report::PlotResult r = report::plot_run(o->run_dir, o->out, settings);
+    const report::PlotResult r = o->run_dirs.size() == 1
+                                     ? report::plot_run(o->run_dirs.front(), o->out, settings)
+                                     : report::plot_comparison(o->run_dirs, o->out, settings);
     for (const auto& note : r.notes) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
     for (const auto& path : r.written) std::printf("%s\n", path.c_str());
   });

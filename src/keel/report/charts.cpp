@@ -83,7 +83,32 @@ double legend_entry(SvgWriter& svg, double x, double y, const std::string& label
 
 }  // namespace
 
+namespace {
+
+// Log-axis ticks over [lo, hi] in log10 units: whole decades, plus 2 and 5 times each decade when
+// the range spans few decades; returned in log10 units.
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> out;
+  const bool fine = hi - lo <= 2.5;
+  for (double k = std::floor(lo); k <= std::ceil(hi); k += 1) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m != 1.0 && !fine) continue;
+      const double v = k + std::log10(m);
+      if (v >= lo - 1e-9 && v <= hi + 1e-9) out.push_back(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart) {
+  // y as drawn: log10 on a log axis (non-positive values have no place there and are skipped).
+  const bool log_y = chart.y_log;
+  auto ty = [log_y](double v) {
+    if (!log_y) return v;
+    return v > 0 && plottable(v) ? std::log10(v) : std::numeric_limits<double>::quiet_NaN();
+  };
   // ---- data ranges ----
   Range xr, yr;
   bool any_bad = false;
@@ -93,7 +118,7 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
       if (!plottable(s.x[i])) continue;
       xr.add(s.x[i]);
       if (plottable(s.y[i])) {
-        yr.add(s.y[i]);
+        yr.add(ty(s.y[i]));
       } else {
         any_bad = true;
       }
@@ -101,10 +126,10 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   }
   const bool has_data = !yr.empty();
   for (const auto& r : chart.ref_lines) {
-    if (has_data) yr.add(r.y);
+    if (has_data) yr.add(ty(r.y));
   }
   for (double v : chart.y_include) {
-    if (has_data) yr.add(v);
+    if (has_data) yr.add(ty(v));
   }
   if (chart.x_domain && chart.x_domain->first < chart.x_domain->second) {
     xr.lo = chart.x_domain->first;
@@ -139,15 +164,21 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   const int y_target = std::clamp(static_cast<int>(plot_h / 45), 2, 8);
   Ticks yt = nice_ticks(yr.lo, yr.hi, y_target, chart.y_integer);
   // Extend the domain to whole steps so the top and bottom lines are labelled.
-  const double ylo = std::floor(yr.lo / yt.step + 1e-9) * yt.step;
-  const double yhi = std::ceil(yr.hi / yt.step - 1e-9) * yt.step;
+  double ylo = std::floor(yr.lo / yt.step + 1e-9) * yt.step;
+  double yhi = std::ceil(yr.hi / yt.step - 1e-9) * yt.step;
   yt = nice_ticks(ylo, yhi, y_target, chart.y_integer);
-  double label_w = 0;
   std::vector<std::string> y_labels;
-  for (double v : yt.values) {
-    y_labels.push_back(format_tick(v, yt.step, chart.y_si));
-    label_w = std::max(label_w, text_width(y_labels.back(), 11));
+  if (log_y) {
+    // Whole decades bound the axis; labels are the values themselves (20, 50, 100, ...).
+    ylo = std::floor(yr.lo + 1e-9);
+    yhi = std::max(std::ceil(yr.hi - 1e-9), ylo + 1);
+    yt.values = log_ticks(ylo, yhi);
+    for (double v : yt.values) y_labels.push_back(format_value(std::pow(10.0, v), chart.y_si));
+  } else {
+    for (double v : yt.values) y_labels.push_back(format_tick(v, yt.step, chart.y_si));
   }
+  double label_w = 0;
+  for (const auto& label : y_labels) label_w = std::max(label_w, text_width(label, 11));
   const double plot_left = frame.x + std::max(chart.min_left_margin, label_w + (chart.y_label.empty() ? 16 : 32));
   const double plot_right = frame.x + frame.width - 16;
   const double plot_w = std::max(plot_right - plot_left, 20.0);
@@ -220,7 +251,8 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
 
   // ---- reference lines, then the series in order (later ones on top) ----
   for (const auto& r : chart.ref_lines) {
-    svg.line(plot_left, sy(r.y), plot_left + plot_w, sy(r.y), r.color, 1.2, {Attr("stroke-dasharray", "6,4")});
+    if (!plottable(ty(r.y))) continue;
+    svg.line(plot_left, sy(ty(r.y)), plot_left + plot_w, sy(ty(r.y)), r.color, 1.2, {Attr("stroke-dasharray", "6,4")});
   }
   for (const auto& s : chart.series) {
     svg.open("g", {Attr("class", "series"), Attr("opacity", s.opacity)});
@@ -242,17 +274,17 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
     };
     for (size_t i = 0; i < s.x.size(); ++i) {
       if (!plottable(s.x[i])) continue;
-      if (!plottable(s.y[i])) {
+      if (!plottable(ty(s.y[i]))) {
         flush();
         continue;
       }
-      run.emplace_back(sx(s.x[i]), sy(s.y[i]));
+      run.emplace_back(sx(s.x[i]), sy(ty(s.y[i])));
     }
     flush();
     if (s.points) {
       for (size_t i = 0; i < s.x.size(); ++i) {
-        if (!plottable(s.x[i]) || !plottable(s.y[i])) continue;
-        svg.element("circle", {Attr("cx", sx(s.x[i])), Attr("cy", sy(s.y[i])), Attr("r", 3), Attr("fill", s.color),
+        if (!plottable(s.x[i]) || !plottable(ty(s.y[i]))) continue;
+        svg.element("circle", {Attr("cx", sx(s.x[i])), Attr("cy", sy(ty(s.y[i]))), Attr("r", 3), Attr("fill", s.color),
                                Attr("stroke", "#ffffff"), Attr("stroke-width", 0.8)});
       }
     }

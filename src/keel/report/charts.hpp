@@ -56,6 +56,9 @@ struct LineChart {
   bool x_integer = true;               // steps: ticks at whole numbers
   bool y_integer = false;              // counts
   bool y_si = false;                   // SI suffixes on y tick labels
+  // Logarithmic y (base 10) for values spanning decades (max logits of 20 next to 2000);
+  // non-positive values are left out (a gap), ticks at 1-2-5 times powers of ten.
+  bool y_log = false;
   std::string empty_note = "no data";  // shown when no series has a finite point
   double min_left_margin = 60;         // room for y labels at least: stacked panels align
 };

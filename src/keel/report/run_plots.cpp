@@ -98,8 +98,6 @@ Series make_series(const Points& p, std::string name, std::string color) {
   return s;
 }
 
-// The smoothing window: about 4% of the run, odd, between 1 and 101 steps.
-size_t smoothing_window(size_t n) { return std::clamp<size_t>(n / 25, 0, 50) * 2 + 1; }
 
 std::string title_of(const PlotSettings& s, const std::string& what) {
   return s.run_name.empty() ? what : what + " \u2014 " + s.run_name;
@@ -264,6 +262,16 @@ std::string render_index(const RunMetrics& m, const PlotSettings& settings, cons
   return h.str();
 }
 
+}  // namespace
+
+size_t smoothing_window(size_t n) { return std::clamp<size_t>(n / 25, 0, 50) * 2 + 1; }
+
+std::string run_name_of(const std::string& run_dir) {
+  fs::path p = fs::absolute(run_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
 double read_qk_clip_tau(const std::string& run_dir) {
   const fs::path toml_path = fs::path(run_dir) / train::kRunConfigFile;
   if (!fs::exists(toml_path)) return 0;
@@ -275,8 +283,6 @@ double read_qk_clip_tau(const std::string& run_dir) {
   }
   return 0;
 }
-
-}  // namespace
 
 RunMetrics parse_metrics(std::string_view text, const std::string& path) {
   RunMetrics m;
@@ -528,11 +534,7 @@ RunPlots render_run_plots(const RunMetrics& m, const PlotSettings& settings) {
 PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, PlotSettings settings) {
   if (!fs::is_directory(run_dir)) throw Error(run_dir, "", "not a folder (expected a run folder of `keel train`)");
   const RunMetrics m = read_metrics((fs::path(run_dir) / train::kMetricsFile).string());
-  if (settings.run_name.empty()) {
-    fs::path p = fs::absolute(run_dir).lexically_normal();
-    if (p.filename().empty()) p = p.parent_path();
-    settings.run_name = p.filename().string();
-  }
+  if (settings.run_name.empty()) settings.run_name = run_name_of(run_dir);
   if (settings.qk_clip_tau <= 0) settings.qk_clip_tau = read_qk_clip_tau(run_dir);
   // Everything is rendered before anything is written: bad input leaves no files behind.
   const RunPlots plots = render_run_plots(m, settings);

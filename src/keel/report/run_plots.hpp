@@ -76,4 +76,11 @@ struct PlotResult {
 };
 PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, PlotSettings settings = {});
 
+// optimizer.qk_clip_tau of RUN_DIR/run.toml; 0 when absent, off or unreadable.
+double read_qk_clip_tau(const std::string& run_dir);
+// The smoothing window of a series of n points: about 4% of the run, odd, 1 to 101.
+size_t smoothing_window(size_t n);
+// The folder name of a run folder (its last path component), for titles and legends.
+std::string run_name_of(const std::string& run_dir);
+
 }  // namespace keel::report
