@@ -48,5 +48,5 @@ echo "training took $(( ($(date +%s) - start) / 60 )) min"
 for name in a_baseline b_qk_clip c_qk_norm d_low_lr; do
   "$KEEL" plot "$OUT/$name" --out "$OUT/$name/plots"
 done
-"$KEEL" plot "$OUT/a_baseline" "$OUT/b_qk_clip" "$OUT/c_qk_norm" "$OUT/d_low_lr" --out experiments/qk_clip/figures
+"$KEEL" plot "$OUT/a_baseline" "$OUT/b_qk_clip" "$OUT/c_qk_norm" "$OUT/d_low_lr" --out experiments/qk_clip/figures --max-columns 250 --no-html
 echo "figures: experiments/qk_clip/figures/"
