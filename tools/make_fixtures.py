@@ -112,6 +112,35 @@ FIXTURES = {
         "init_override": {"self_attn.q_proj.weight": 0.5, "self_attn.k_proj.weight": 0.5, "lm_head.weight": 1.0},
     },
     "llama_geglu": {"config": llama_variant(hidden_act="gelu")},
+    # MLA (DeepSeek-V3 attention) with dense MLPs in every layer (first_k_dense_replace = layers):
+    # q_lora, rope_interleave (DeepSeek's adjacent pairs), v_head_dim 10 != qk head dim 12, and
+    # YaRN with mscale != mscale_all_dim so that both the cos/sin attention factor and the
+    # softmax's mscale^2 differ from 1; with rotary dim 8 the ramp keeps, blends and interpolates.
+    "deepseek_v3_mla": {
+        "config": {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 80,
+                   "moe_intermediate_size": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+                   "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 2,
+                   "routed_scaling_factor": 2.5, "norm_topk_prob": True, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 4,
+                   "qk_rope_head_dim": 8, "v_head_dim": 10, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+                   "rope_interleave": True,
+                   "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                    "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+                   "attention_bias": False, "tie_word_embeddings": False, "initializer_range": 0.02},
+    },
+    # MLA without q compression (q_proj, as DeepSeek-V2-Lite), the rotate-half RoPE layout, and
+    # attention_bias (biases on kv_a_proj_with_mqa and o_proj; HF's q_proj never has one).
+    "mla_no_q_lora": {
+        "config": {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 72,
+                   "moe_intermediate_size": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+                   "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 12,
+                   "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+                   "rope_interleave": False, "attention_bias": True, "tie_word_embeddings": False,
+                   "initializer_range": 0.02},
+    },
     "llama_relu": {"config": llama_variant(hidden_act="relu", tie_word_embeddings=True)},
 }
 
@@ -225,6 +254,93 @@ def check_attention_naive(name, s, params, tokens):
     err = (got - want).abs().max().item()
     assert err < 1e-12, f"{name}: naive attention differs by {err}"
     return err
+
+
+def check_mla_attention_naive(name, s, params, tokens):
+    """Layer-0 MLA against a loop-per-head, per-position version that rotates the pairs
+    (2i, 2i+1) in place when rope_interleave is set (DeepSeek's official complex-multiply form,
+    independent of HF's permute-then-rotate-half) and (i, i + d/2) otherwise, scaled by YaRN's
+    attention factor, with the shared k^R and the MLA softmax scale."""
+    B, T = tokens.shape
+    p = params
+    m = s["mla"]
+    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"])
+    x = rm.apply_norm(s, p, "model.layers.0.input_layernorm", x)
+    cos, sin = rm.rope_cos_sin(s, T)
+    pre = "model.layers.0.self_attn."
+    want = rm.mla_attention(s, p, pre[:-1], x, cos, sin, None)
+    nh, nope, rd, vd, r = s["heads"], m["nope"], m["rope"], m["v"], m["kv_lora_rank"]
+    inv = rm.rope_inv_freq(s)
+    af = rm.rope_attention_factor(s)
+    scale = rm.mla_softmax_scale(s)
+
+    def lin(n, v):
+        y = p[pre + n + ".weight"] @ v
+        return y + p[pre + n + ".bias"] if pre + n + ".bias" in p else y
+
+    def rms(v, w):
+        return w * v / torch.sqrt((v * v).mean() + s["eps"])
+
+    def rot(v, pos):
+        out = v.clone()
+        for i in range(rd // 2):
+            a, b = (2 * i, 2 * i + 1) if m["interleave"] else (i, i + rd // 2)
+            c, sn = af * math.cos(pos * inv[i].item()), af * math.sin(pos * inv[i].item())
+            out[a] = v[a] * c - v[b] * sn
+            out[b] = v[b] * c + v[a] * sn
+        return out
+
+    def q_head(b, t, h):
+        if m["q_lora_rank"]:
+            q = lin("q_b_proj", rms(lin("q_a_proj", x[b, t]), p[pre + "q_a_layernorm.weight"]))
+        else:
+            q = lin("q_proj", x[b, t])
+        q = q[h * (nope + rd):(h + 1) * (nope + rd)]
+        return torch.cat((q[:nope], rot(q[nope:], t)))
+
+    def kv_head(b, t, h):
+        a = lin("kv_a_proj_with_mqa", x[b, t])
+        kv = lin("kv_b_proj", rms(a[:r], p[pre + "kv_a_layernorm.weight"]))[h * (nope + vd):(h + 1) * (nope + vd)]
+        return torch.cat((kv[:nope], rot(a[r:], t))), kv[nope:]
+
+    got = torch.zeros_like(want)
+    for b in range(B):
+        for t in range(T):
+            heads = []
+            for h in range(nh):
+                q = q_head(b, t, h)
+                kvs = [kv_head(b, u, h) for u in range(t + 1)]
+                sc = torch.stack([kv[0] @ q * scale for kv in kvs])
+                w = torch.softmax(sc, 0)
+                heads.append(sum(w[u] * kvs[u][1] for u in range(t + 1)))
+            got[b, t] = lin("o_proj", torch.cat(heads))
+    err = (got - want).abs().max().item()
+    assert err < 1e-12, f"{name}: naive MLA attention differs by {err}"
+    return err
+
+
+def check_yarn_rope():
+    """Hand computation of _compute_yarn_parameters and the MLA softmax scale for the
+    deepseek_v3_mla fixture (rotary dim 8, factor 4, original context 64, mscale 1 / 0.8)."""
+    cfg = FIXTURES["deepseek_v3_mla"]["config"]
+    s = rm.resolve(cfg)
+    sc = cfg["rope_scaling"]
+    d, theta = cfg["qk_rope_head_dim"], cfg["rope_theta"]
+    corr = lambda rot: d * math.log(sc["original_max_position_embeddings"] / (rot * 2 * math.pi)) / (2 * math.log(theta))  # noqa: E731
+    low, high = max(math.floor(corr(sc["beta_fast"])), 0), min(math.ceil(corr(sc["beta_slow"])), d - 1)
+    assert (low, high) == (0, 2), (low, high)
+    expect = []
+    for i in range(d // 2):
+        f = theta ** (-2 * i / d)
+        keep = 1 - min(max((i - low) / (high - low), 0.0), 1.0)
+        expect.append(f * keep + f / sc["factor"] * (1 - keep))
+    got = rm.rope_inv_freq(s).tolist()
+    for g, e in zip(got, expect):
+        assert abs(g - e) <= 1e-15 * abs(e), (got, expect)
+    ms = lambda m: 0.1 * m * math.log(sc["factor"]) + 1.0  # noqa: E731
+    assert abs(rm.rope_attention_factor(s) - ms(1.0) / ms(0.8)) < 1e-15
+    assert abs(rm.mla_softmax_scale(s) - ms(0.8) ** 2 / math.sqrt(12)) < 1e-15
+    return got
 
 
 def check_llama3_rope():
@@ -375,6 +491,8 @@ def main():
 
     inv = check_llama3_rope()
     print(f"llama3 rope inv_freq matches the hand computation: {[f'{x:.6g}' for x in inv]}")
+    inv = check_yarn_rope()
+    print(f"yarn rope inv_freq and MLA scale match the hand computation: {[f'{x:.6g}' for x in inv]}")
     keel = None if args.no_keel else find_keel()
 
     names = args.only or list(FIXTURES)
@@ -382,7 +500,9 @@ def main():
         cfg, s, layout, params, tokens, grads, tensors, metadata, decay, final = build(name, FIXTURES[name])
         gen = torch.Generator().manual_seed(fixture_seed(name) ^ 0x5EED)
         fd = check_finite_differences(name, s, {k: v.clone() for k, v in params.items()}, tokens, grads, gen)
-        if s["family"] != "gpt2":
+        if "mla" in s:
+            check_mla_attention_naive(name, s, params, tokens)
+        elif s["family"] != "gpt2":
             check_attention_naive(name, s, params, tokens)
         if name == "llama":
             check_optimizer_against_torch(s, params, decay, tokens, final)

@@ -5,9 +5,10 @@ Every block below names the transformers function it reproduces. Everything runs
 dtype the parameters have; make_fixtures.py uses torch.float64 so that the fixtures hold the
 exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-ops).
 
-Families: gpt2, llama, mistral, qwen2, qwen3, plus keel's variants declared by the optional
-"keel" object in config.json: norm (rmsnorm|layernorm), norm_placement (pre|post|sandwich),
-qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap.
+Families: gpt2, llama, mistral, qwen2, qwen3, and deepseek_v3 / kimi_k2 with Multi-head Latent
+Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), plus keel's
+variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
+norm_placement (pre|post|sandwich), qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap.
 
 Parameters are a dict {hf_name: tensor} with exactly the names and shapes of the HF
 checkpoints (and of keel's src/keel/arch/hf_tensors.cpp).
@@ -30,7 +31,11 @@ _FAMILY_DEFAULTS = {
     "mistral": (1e-6, 10000.0, False, None),   # MistralConfig
     "qwen2": (1e-6, 10000.0, False, None),     # Qwen2Config
     "qwen3": (1e-6, 10000.0, False, 128),      # Qwen3Config.head_dim = 128
+    "deepseek_v3": (1e-6, 10000.0, False, None),  # DeepseekV3Config
+    "kimi_k2": (1e-6, 10000.0, False, None),      # Kimi K2 ships the DeepSeek-V3 architecture
 }
+
+_MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
 
 
 def resolve(cfg):
@@ -57,6 +62,8 @@ def resolve(cfg):
     if mt not in _FAMILY_DEFAULTS:
         raise ValueError(f"unsupported model_type {mt}")
     eps_d, theta_d, tie_d, hd_d = _FAMILY_DEFAULTS[mt]
+    if mt in _MLA_FAMILIES:
+        return _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d)
     H = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads") or heads
@@ -83,6 +90,33 @@ def resolve(cfg):
         placement=keel.get("norm_placement", "pre"), tie=bool(cfg.get("tie_word_embeddings", tie_d)),
         qk_norm=qk_norm, qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, gated=True,
         rope={"theta": float(cfg.get("rope_theta", theta_d)), "scaling": cfg.get("rope_scaling")},
+        z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
+        final_softcap=float(keel.get("final_softcap", 0.0)),
+    )
+    return s
+
+
+def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
+    """DeepseekV3Config: MLA ranks and head dims; attention_bias applies to q_a_proj,
+    kv_a_proj_with_mqa and o_proj (DeepseekV3Attention.__init__); rope_interleave defaults to
+    True. Only dense layers are modelled: layers >= first_k_dense_replace would be MoE."""
+    L = cfg["num_hidden_layers"]
+    if cfg.get("first_k_dense_replace", 3) < L:
+        raise ValueError("reference covers MLA with dense MLPs only (first_k_dense_replace >= num_hidden_layers)")
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    bias = bool(cfg.get("attention_bias", False))
+    heads = cfg["num_attention_heads"]
+    s.update(
+        hidden=cfg["hidden_size"], heads=heads, kv_heads=heads, head_dim=nope + rope,
+        layers=L, vocab=cfg["vocab_size"], inter=cfg["intermediate_size"], act=cfg.get("hidden_act", "silu"),
+        eps=float(cfg.get("rms_norm_eps", eps_d)), norm="rmsnorm", placement="pre",
+        tie=bool(cfg.get("tie_word_embeddings", tie_d)), qk_norm=False, qkv_bias=bias, o_bias=bias,
+        mlp_bias=False, gated=True,
+        rope={"theta": float(cfg.get("rope_theta", theta_d)), "scaling": cfg.get("rope_scaling"),
+              "max_positions": cfg.get("max_position_embeddings", 4096)},
+        rope_dim=rope,
+        mla={"q_lora_rank": cfg.get("q_lora_rank"), "kv_lora_rank": cfg["kv_lora_rank"], "nope": nope,
+             "rope": rope, "v": v, "interleave": bool(cfg.get("rope_interleave", True))},
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)),
     )
@@ -134,6 +168,20 @@ def tensor_layout(s):
     nh, nkv, hd, I = s["heads"], s["kv_heads"], s["head_dim"], s["inter"]
 
     def attention(p):
+        if "mla" in s:  # DeepseekV3Attention.__init__, in module order
+            m = s["mla"]
+            qk = m["nope"] + m["rope"]
+            if m["q_lora_rank"]:
+                linear(p + ".q_a_proj", m["q_lora_rank"], H, s["qkv_bias"])
+                add(p + ".q_a_layernorm.weight", [m["q_lora_rank"]], "norm_weight")
+                linear(p + ".q_b_proj", nh * qk, m["q_lora_rank"], False)
+            else:
+                linear(p + ".q_proj", nh * qk, H, False)
+            linear(p + ".kv_a_proj_with_mqa", m["kv_lora_rank"] + m["rope"], H, s["qkv_bias"])
+            add(p + ".kv_a_layernorm.weight", [m["kv_lora_rank"]], "norm_weight")
+            linear(p + ".kv_b_proj", nh * (m["nope"] + m["v"]), m["kv_lora_rank"], False)
+            linear(p + ".o_proj", H, nh * m["v"], s["o_bias"])
+            return
         linear(p + ".q_proj", nh * hd, H, s["qkv_bias"])
         linear(p + ".k_proj", nkv * hd, H, s["qkv_bias"])
         linear(p + ".v_proj", nkv * hd, H, s["qkv_bias"])
@@ -219,17 +267,57 @@ def activation(name, x):
     raise ValueError(f"unknown activation {name}")
 
 
+def yarn_get_mscale(scale=1, mscale=1):
+    """modeling_deepseek_v3.yarn_get_mscale (= get_mscale in _compute_yarn_parameters)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_attention_factor(s):
+    """_compute_yarn_parameters' attention_factor (multiplies cos and sin); 1 for other types."""
+    sc = s["rope"]["scaling"]
+    if sc is None or sc.get("rope_type", sc.get("type")) != "yarn":
+        return 1.0
+    factor = sc["factor"]
+    if sc.get("attention_factor") is not None:
+        return sc["attention_factor"]
+    mscale, mscale_all_dim = sc.get("mscale"), sc.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim))
+    return yarn_get_mscale(factor)
+
+
 def rope_inv_freq(s, dtype=torch.float64):
     """modeling_rope_utils.py: _compute_default_rope_parameters and, for rope_type "llama3",
-    _compute_llama3_parameters. attention_factor is 1.0 for both (cos/sin are not scaled).
-    Computed in float64 here (HF computes inv_freq in fp32; difference ~1e-7 relative)."""
-    dim = s["head_dim"]
+    _compute_llama3_parameters, for "yarn" _compute_yarn_parameters. Computed in float64 here
+    (HF computes inv_freq in fp32; difference ~1e-7 relative). The rotated width is head_dim, or
+    qk_rope_head_dim for MLA (DeepseekV3Config sets head_dim = qk_rope_head_dim for RoPE)."""
+    dim = s.get("rope_dim", s["head_dim"])
     base = s["rope"]["theta"]
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
     sc = s["rope"]["scaling"]
     rope_type = (sc or {}).get("rope_type", (sc or {}).get("type", "default"))
     if sc is None or rope_type == "default":
         return inv_freq
+    if rope_type == "yarn":
+        factor = sc["factor"]
+        original = sc.get("original_max_position_embeddings") or s["rope"]["max_positions"]
+        beta_fast = sc.get("beta_fast") or 32
+        beta_slow = sc.get("beta_slow") or 1
+
+        def find_correction_dim(num_rotations):
+            return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
+        if sc.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=dtype) - low) / (high - low), 0, 1)
+        extrapolation_factor = 1 - ramp
+        return (inv_freq / factor) * (1 - extrapolation_factor) + inv_freq * extrapolation_factor
     if rope_type != "llama3":
         raise ValueError(f"rope_type {rope_type} not implemented")
     factor = sc["factor"]
@@ -255,6 +343,9 @@ def rope_cos_sin(s, T, dtype=torch.float64):
     pos = torch.arange(T, dtype=dtype)
     freqs = pos[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
+    af = rope_attention_factor(s)
+    if af != 1.0:  # YaRN (DeepseekV3RotaryEmbedding: cos * attention_scaling, sin * attention_scaling)
+        return emb.cos() * af, emb.sin() * af
     return emb.cos(), emb.sin()
 
 
@@ -321,6 +412,64 @@ def decoder_attention(s, p, prefix, x, cos, sin, stats):
     return proj("o_proj", o)
 
 
+def apply_rotary_pos_emb_interleave(q, k, cos, sin):
+    """modeling_deepseek_v3.apply_rotary_pos_emb_interleave: each vector's (2i, 2i+1) pairs are
+    first permuted to halves layout (evens, then odds), then rotated half. The results stay in
+    the permuted layout; q and k are permuted alike, so q.k is that of adjacent-pair rotation."""
+    b, h, t, d = q.shape
+    q = q.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+    b, h, t, d = k.shape
+    k = k.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def mla_softmax_scale(s):
+    """DeepseekV3Attention.__init__: qk_head_dim ** -0.5, times mscale**2 when rope_scaling sets
+    mscale_all_dim."""
+    m = s["mla"]
+    scaling = (m["nope"] + m["rope"]) ** (-0.5)
+    sc = s["rope"]["scaling"]
+    if sc is not None:
+        mscale_all_dim = sc.get("mscale_all_dim", 0)
+        if mscale_all_dim:
+            mscale = yarn_get_mscale(sc["factor"], mscale_all_dim)
+            scaling = scaling * mscale * mscale
+    return scaling
+
+
+def mla_attention(s, p, prefix, x, cos, sin, stats):
+    """DeepseekV3Attention.forward (modeling_deepseek_v3.py), eager path."""
+    B, T, _ = x.shape
+    m = s["mla"]
+    nh, nope, rope, vd = s["heads"], m["nope"], m["rope"], m["v"]
+
+    def proj(name, t):
+        return F.linear(t, p[f"{prefix}.{name}.weight"], p.get(f"{prefix}.{name}.bias"))
+
+    if m["q_lora_rank"]:
+        q = proj("q_b_proj", rms_norm(proj("q_a_proj", x), p[prefix + ".q_a_layernorm.weight"], s["eps"]))
+    else:
+        q = proj("q_proj", x)
+    q = q.view(B, T, nh, nope + rope).transpose(1, 2)
+    q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
+    compressed = proj("kv_a_proj_with_mqa", x)
+    k_pass, k_rot = torch.split(compressed, [m["kv_lora_rank"], rope], dim=-1)
+    k_pass = proj("kv_b_proj", rms_norm(k_pass, p[prefix + ".kv_a_layernorm.weight"], s["eps"]))
+    k_pass = k_pass.view(B, T, nh, nope + vd).transpose(1, 2)
+    k_pass, v = torch.split(k_pass, [nope, vd], dim=-1)
+    k_rot = k_rot.view(B, 1, T, rope)
+    if m["interleave"]:
+        q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+    else:
+        q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+    k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
+    q = torch.cat((q_pass, q_rot), dim=-1)
+    k = torch.cat((k_pass, k_rot), dim=-1)
+    o = causal_attention_core(q, k, v, mla_softmax_scale(s), s["attn_softcap"], stats)
+    o = o.transpose(1, 2).reshape(B, T, nh * vd)
+    return proj("o_proj", o)
+
+
 def gated_mlp(s, p, prefix, x):
     """LlamaMLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x)) (SwiGLU/GeGLU/ReGLU)."""
     def proj(name, t):
@@ -331,7 +480,8 @@ def gated_mlp(s, p, prefix, x):
 def decoder_layer(s, p, l, x, cos, sin, stats):
     """LlamaDecoderLayer.forward for "pre"; keel's "post" and Gemma2DecoderLayer's "sandwich"."""
     pre = f"model.layers.{l}"
-    attn = lambda t: decoder_attention(s, p, pre + ".self_attn", t, cos, sin, stats)  # noqa: E731
+    attend = mla_attention if "mla" in s else decoder_attention
+    attn = lambda t: attend(s, p, pre + ".self_attn", t, cos, sin, stats)  # noqa: E731
     mlp = lambda t: gated_mlp(s, p, pre + ".mlp", t)  # noqa: E731
     norm = lambda name, t: apply_norm(s, p, f"{pre}.{name}", t)  # noqa: E731
     if s["placement"] == "pre":

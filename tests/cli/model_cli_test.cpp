@@ -183,9 +183,50 @@ TEST_F(ModelCli, WeightsThatDoNotMatchTheConfig) {
   expect_error("eval --model " + path("noweights") + " --tokens " + tokens, "model.safetensors");
 }
 
+// MLA with dense MLPs (DeepSeek-V3 / Kimi K2 attention): init writes the HF tensors, eval, grad
+// and train work.
+TEST_F(ModelCli, MlaDenseInitEvalGradTrain) {
+  init("deepseek_v3_dense.json", "m");
+  auto weights = io::SafetensorsFile::open(path("m") + "/model.safetensors");
+  EXPECT_EQ(weights.find("model.layers.0.self_attn.q_b_proj.weight")->shape, (std::vector<int64_t>{4 * 24, 48}));
+  EXPECT_EQ(weights.find("model.layers.1.self_attn.kv_a_proj_with_mqa.weight")->shape,
+            (std::vector<int64_t>{32 + 8, 64}));
+  EXPECT_EQ(weights.find("model.layers.1.self_attn.kv_b_proj.weight")->shape, (std::vector<int64_t>{4 * 32, 32}));
+  EXPECT_EQ(weights.find("model.layers.1.self_attn.o_proj.weight")->shape, (std::vector<int64_t>{64, 4 * 16}));
+  EXPECT_EQ(weights.find("model.layers.1.mlp.experts.0.gate_proj.weight"), nullptr);
+
+  std::string text;
+  for (int line = 0; line < 8; ++line) {
+    for (int i = 0; i < 24; ++i) text += std::to_string((line % 2 ? 7 * i : 3 * i + 1) % 50) + " ";
+    text += "\n";
+  }
+  const std::string tokens = write("tokens.txt", text);
+  auto e = run_keel("eval --model " + path("m") + " --tokens " + tokens + " --json");
+  ASSERT_EQ(e.status, 0) << e.err;
+  const double initial = nlohmann::json::parse(e.out)["loss"].get<double>();
+  EXPECT_NEAR(initial, std::log(256.0), 0.05);
+
+  auto g = run_keel("grad --model " + path("m") + " --tokens " + tokens + " --out " + path("g.safetensors"));
+  ASSERT_EQ(g.status, 0) << g.err;
+  auto grads = io::SafetensorsFile::open(path("g.safetensors"));
+  ASSERT_EQ(grads.tensors().size(), weights.tensors().size());
+  for (const char* name : {"model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_b_proj.weight",
+                           "model.layers.1.self_attn.kv_a_layernorm.weight"}) {
+    double sq = 0;
+    for (float v : grads.read_f32(name)) sq += static_cast<double>(v) * v;
+    EXPECT_GT(sq, 0.0) << name;
+  }
+
+  auto t = run_keel("train --model " + path("m") + " --tokens " + tokens + " --steps 30 --lr 0.01 --out " + path("m2"));
+  ASSERT_EQ(t.status, 0) << t.err;
+  auto e2 = run_keel("eval --model " + path("m2") + " --tokens " + tokens + " --json");
+  ASSERT_EQ(e2.status, 0) << e2.err;
+  EXPECT_LT(nlohmann::json::parse(e2.out)["loss"].get<double>(), initial - 2.0);
+}
+
 TEST_F(ModelCli, MoeFamiliesAreInspectableButNotYetTrainable) {
   expect_error("init --config " + source_path("configs/tiny/deepseek_v3.json") + " --seed 1 --out " + path("x"),
-               "cannot train MLA or MoE");
+               "cannot train MoE");
   EXPECT_FALSE(fs::exists(path("x") + "/model.safetensors"));
 }
 

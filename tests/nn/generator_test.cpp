@@ -220,5 +220,18 @@ TEST(GeneratorStops, AtEosAndAtTheContextLength) {
   EXPECT_THROW(generate(gen, std::vector<int32_t>{256}, o), Error);
 }
 
+// MLA models train but the KV cache holds per-head K and V: the generator refuses them with a
+// keel::Error naming the reason instead of reading q_proj/k_proj tensors that do not exist.
+TEST(GeneratorRefuses, MlaAttention) {
+  TransformerModel model(tiny_spec("deepseek_v3_dense.json"));
+  try {
+    Generator g(model);
+    FAIL() << "MLA accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "model_type");
+    EXPECT_NE(e.reason().find("MLA"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace keel::nn

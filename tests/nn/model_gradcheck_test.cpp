@@ -7,6 +7,7 @@
 
 #include "keel/arch/config_file.hpp"
 #include "keel/arch/hf_tensors.hpp"
+#include "keel/core/error.hpp"
 #include "keel/nn/model.hpp"
 
 namespace keel::nn {
@@ -64,7 +65,11 @@ TEST_P(ModelGradCheck, DirectionalDerivativeMatchesBackward) {
       gd += static_cast<double>(grad[i]) * scale * dir[i];
     }
     // ReLU's kink: a smaller step crosses fewer kinks (the kernel-level ReGLU check is exact).
-    const float eps = spec.mlp.activation == arch::Activation::Relu ? 1e-4f : 1e-3f;
+    // MLA chains more matrices (x -> q_a -> norm -> q_b, x -> kv_a -> norm -> kv_b), so at this
+    // init the central difference's O(eps²) term is larger: a smaller step (the error falls as eps²).
+    const float eps = spec.mlp.activation == arch::Activation::Relu            ? 1e-4f
+                      : spec.attention.kind == arch::AttentionKind::Mla ? 2.5e-4f
+                                                                        : 1e-3f;
     auto at = [&](float s) {
       for (size_t i = 0; i < base.size(); ++i) store.values()[i] = base[i] + s * dir[i];
       return objective(model, tok, tgt, b, t);
@@ -88,14 +93,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"geglu", "llama.json", {"hidden_act=gelu"}},
                       Case{"reglu_tied", "llama.json", {"hidden_act=relu", "tie_word_embeddings=true"}},
                       Case{"llama_bias", "llama.json", {"attention_bias=true", "mlp_bias=true"}},
-                      Case{"partial_rotary", "qwen3.json", {"partial_rotary_factor=0.5"}}),
+                      Case{"partial_rotary", "qwen3.json", {"partial_rotary_factor=0.5"}},
+                      // MLA with dense MLPs: q_lora + interleaved RoPE (DeepSeek-V3 defaults);
+                      // q_proj + rotate-half; biases, YaRN (cos/sin factor and mscale² in the
+                      // softmax scale), v_head_dim != qk head dim, soft-cap; qk_nope_head_dim 0.
+                      Case{"mla_qlora_interleave", "deepseek_v3_dense.json", {}},
+                      Case{"mla_qproj_halves", "kimi_k2_dense.json", {"q_lora_rank=null", "rope_interleave=false"}},
+                      Case{"mla_bias_yarn_vdim_cap", "deepseek_v3_dense.json",
+                           {"attention_bias=true", "v_head_dim=12", "rope_scaling.type=yarn", "rope_scaling.factor=4.0",
+                            "rope_scaling.original_max_position_embeddings=32", "rope_scaling.mscale=1.0",
+                            "rope_scaling.mscale_all_dim=0.7", "keel.attn_softcap=5"}},
+                      Case{"mla_rope_only", "deepseek_v3_dense.json", {"qk_nope_head_dim=0", "q_lora_rank=null"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ModelBuild, RegistersExactlyTheHfTensors) {
   // The parameter store and arch's HF layout (used for counting) must agree name for name.
-  for (const char* cfg : {"gpt2.json", "llama.json", "mistral.json", "qwen2.json", "qwen3.json"}) {
+  for (const char* cfg : {"gpt2.json", "llama.json", "mistral.json", "qwen2.json", "qwen3.json",
+                          "deepseek_v3_dense.json", "kimi_k2_dense.json"}) {
     for (std::vector<std::string> sets : {std::vector<std::string>{}, {"keel.norm=layernorm", "keel.norm_placement=sandwich"}}) {
       if (std::string(cfg) == "gpt2.json" && !sets.empty()) continue;
+      // MLA: the second variant drops q compression and adds the attention biases instead.
+      if (std::string(cfg).starts_with("deepseek") || std::string(cfg).starts_with("kimi"))
+        if (!sets.empty()) sets = {"q_lora_rank=null", "attention_bias=true"};
       arch::ModelSpec spec = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/" + cfg, sets);
       TransformerModel model(spec);
       auto layout = arch::hf_tensor_layout(spec, false);
@@ -107,6 +126,22 @@ TEST(ModelBuild, RegistersExactlyTheHfTensors) {
       }
     }
   }
+}
+
+TEST(ModelBuild, MoeLayersStillThrowButDenseMlaBuilds) {
+  const std::string dir = std::string(KEEL_SOURCE_DIR) + "/configs/tiny/";
+  try {
+    TransformerModel m(arch::load_model_spec(dir + "deepseek_v3.json"));  // layer 1 has routed experts
+    FAIL() << "MoE layer accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "model_type");
+    EXPECT_NE(e.reason().find("MoE"), std::string::npos) << e.what();
+    EXPECT_NE(e.reason().find("layer 1"), std::string::npos) << e.what();
+  }
+  TransformerModel dense(arch::load_model_spec(dir + "deepseek_v3.json", {"first_k_dense_replace=2"}));
+  EXPECT_NE(dense.parameters().find("model.layers.1.self_attn.kv_b_proj.weight"), nullptr);
+  EXPECT_NE(dense.parameters().find("model.layers.1.mlp.gate_proj.weight"), nullptr);
+  EXPECT_EQ(dense.max_logits().size(), 2u * 4u);
 }
 
 TEST(ModelBuild, InitializationIsDeterministicAndScaled) {

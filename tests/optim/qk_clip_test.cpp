@@ -1,6 +1,7 @@
-// QK-Clip on tiny llama (GQA 2), qwen2 (MHA with q/k biases), mistral (MQA, group 4) and qwen3
-// (QK-Norm): clipped heads land on tau, unclipped heads keep their logits (and, outside clipped
-// groups, their bits), heads below tau change nothing, unsupported input throws.
+// QK-Clip on tiny llama (GQA 2), qwen2 (MHA with q/k biases), mistral (MQA, group 4), qwen3
+// (QK-Norm) and MLA (deepseek_v3 / kimi_k2 with dense MLPs, with and without q_lora): clipped
+// heads land on tau, unclipped heads keep their logits (and, outside clipped groups, their bits),
+// heads below tau change nothing, unsupported input throws.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -35,17 +36,25 @@ bool is_qk_param(const std::string& name) {
   return name.find(".q_proj.") != std::string::npos || name.find(".k_proj.") != std::string::npos;
 }
 
+// The MLA projections that feed q or k: drawn large so that logits are far above the usual scale.
+bool feeds_mla_logits(const std::string& name) {
+  for (const char* p : {".q_a_proj.", ".q_b_proj.", ".kv_a_proj_with_mqa.", ".kv_b_proj."})
+    if (name.find(p) != std::string::npos) return true;
+  return false;
+}
+
 // A model whose q/k weights (and biases, QK-Norm gains) are large enough for logits far above the
 // usual scale. o_proj is zeroed so attention adds nothing to the residual stream: every layer then
 // sees the same input before and after the clip, and its max logits compare head by head.
 struct Fixture {
-  explicit Fixture(const std::string& config) : model(tiny_spec(config)) {
+  explicit Fixture(const std::string& config, const std::vector<std::string>& sets = {})
+      : model(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/" + config, sets)) {
     model.initialize(7);
     auto& store = model.parameters();
     uint32_t seed = 100;
     for (const auto& e : store.entries()) {
       float* p = store.data(e.name);
-      if (is_qk_param(e.name)) fill_normal(p, e.numel, ++seed, 0.7f);
+      if (is_qk_param(e.name) || feeds_mla_logits(e.name)) fill_normal(p, e.numel, ++seed, 0.7f);
       if (e.name.find(".o_proj.") != std::string::npos) std::fill(p, p + e.numel, 0.f);
       if (e.name.find("_norm.weight") != std::string::npos && e.name.find("self_attn") != std::string::npos) {
         std::mt19937 rng(++seed);
@@ -156,6 +165,88 @@ TEST(QkClip, MhaWithBiasesQwen2) { check_projection_clip("qwen2.json", 1, true);
 TEST(QkClip, GqaGroupTwoLlama) { check_projection_clip("llama.json", 2, false); }
 TEST(QkClip, MqaGroupFourMistral) { check_projection_clip("mistral.json", 4, false); }
 
+// MLA (Kimi K2 §2.1): per clipped head, q^C rows and k^C rows (kv_b_proj) by sqrt(gamma), q^R rows
+// by gamma; the shared k^R (kv_a_proj_with_mqa), v rows and everything else keep their bits.
+void check_mla_clip(const std::string& config, const std::vector<std::string>& sets, bool q_lora) {
+  Fixture f(config, sets);
+  const auto& spec = f.model.spec();
+  auto& store = f.model.parameters();
+  const auto& a = spec.attention;
+  ASSERT_EQ(a.kind, arch::AttentionKind::Mla);
+  ASSERT_EQ(a.q_lora_rank > 0, q_lora);
+  const int64_t heads = a.num_heads, nope = a.qk_nope_head_dim, qk = nope + a.qk_rope_head_dim;
+  const int64_t kvb_rows = nope + a.v_head_dim, q_in = q_lora ? a.q_lora_rank : spec.hidden_size;
+  const std::string q_name = q_lora ? "q_b_proj.weight" : "q_proj.weight";
+
+  const std::vector<float> before_logits = f.max_logits();
+  const float tau = median_tau(before_logits);
+  const std::vector<float> before(store.values().begin(), store.values().end());
+  const QkClipReport r = qk_clip(store, spec, before_logits, QkClipConfig{tau});
+  EXPECT_EQ(r.clipped_heads, count_above(before_logits, tau));
+  EXPECT_GT(r.clipped_heads, 0);
+  EXPECT_LT(r.clipped_heads, static_cast<int64_t>(before_logits.size()));
+
+  const std::vector<float> after_logits = f.max_logits();
+  int64_t unclipped = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    const nn::ParamInfo* wq = store.find(p + q_name);
+    const nn::ParamInfo* wkv_b = store.find(p + "kv_b_proj.weight");
+    ASSERT_NE(wq, nullptr);
+    ASSERT_NE(wkv_b, nullptr);
+    for (int64_t h = 0; h < heads; ++h) {
+      const size_t i = static_cast<size_t>(l * heads + h);
+      const float s0 = before_logits[i], s1 = after_logits[i];
+      // v rows never change.
+      EXPECT_TRUE(rows_equal(before, store, *wkv_b, (h * kvb_rows + nope) * a.kv_lora_rank,
+                             a.v_head_dim * a.kv_lora_rank))
+          << config << " layer " << l << " head " << h;
+      if (s0 > tau) {
+        EXPECT_FLOAT_EQ(r.gamma[i], tau / s0);
+        EXPECT_LE(s1, tau * (1 + 1e-4f)) << config << " layer " << l << " head " << h;
+        EXPECT_GE(s1, tau * (1 - 1e-3f)) << config << " layer " << l << " head " << h;
+        // The rows moved by the expected factors (fp32 products of the old values).
+        const float g = r.gamma[i], root = std::sqrt(g);
+        const float* now = store.values().data();
+        const int64_t q0 = wq->offset + h * qk * q_in, k0 = wkv_b->offset + h * kvb_rows * a.kv_lora_rank;
+        EXPECT_NEAR(now[q0], before[q0] * root, 1e-6f * std::abs(before[q0]) + 1e-12f);
+        const int64_t qr = q0 + nope * q_in;
+        EXPECT_NEAR(now[qr], before[qr] * g, 1e-6f * std::abs(before[qr]) + 1e-12f);
+        if (nope > 0) {
+          EXPECT_NEAR(now[k0], before[k0] * root, 1e-6f * std::abs(before[k0]) + 1e-12f);
+        }
+      } else {
+        ++unclipped;
+        EXPECT_EQ(r.gamma[i], 1.f);
+        EXPECT_NEAR(s1, s0, 1e-5f * std::abs(s0)) << config << " layer " << l << " head " << h;
+        EXPECT_TRUE(rows_equal(before, store, *wq, h * qk * q_in, qk * q_in)) << config << " layer " << l;
+        EXPECT_TRUE(rows_equal(before, store, *wkv_b, h * kvb_rows * a.kv_lora_rank, kvb_rows * a.kv_lora_rank))
+            << config << " layer " << l;
+      }
+    }
+  }
+  EXPECT_GT(unclipped, 0);
+  // Everything but q_b_proj / q_proj and kv_b_proj keeps its bits, the shared k^R rows of
+  // kv_a_proj_with_mqa included.
+  for (const auto& e : store.entries()) {
+    if (e.name.find(q_name) == std::string::npos && e.name.find("kv_b_proj.weight") == std::string::npos) {
+      EXPECT_TRUE(rows_equal(before, store, e, 0, e.numel)) << e.name;
+    }
+  }
+}
+
+TEST(QkClip, MlaWithQLoraDeepseekV3) { check_mla_clip("deepseek_v3_dense.json", {}, true); }
+TEST(QkClip, MlaWithoutQLoraKimiK2) {
+  check_mla_clip("kimi_k2_dense.json", {"q_lora_rank=null", "rope_interleave=false"}, false);
+}
+// YaRN: cos/sin carry the attention factor and the softmax scale mscale²; the clip stays exact.
+TEST(QkClip, MlaWithYarnAndBiases) {
+  check_mla_clip("deepseek_v3_dense.json",
+                 {"attention_bias=true", "rope_scaling.type=yarn", "rope_scaling.factor=4.0", "rope_scaling.mscale=1.0",
+                  "rope_scaling.mscale_all_dim=0.7", "rope_scaling.original_max_position_embeddings=32"},
+                 true);
+}
+
 // QK-Norm: one factor per layer on the shared gains; every head ends at or below tau, the most
 // clipped head lands on it, and the other heads of a clipped layer shrink by the same factor.
 TEST(QkClip, QkNormGainsQwen3) {
@@ -200,7 +291,7 @@ TEST(QkClip, QkNormGainsQwen3) {
 }
 
 TEST(QkClip, BelowTauChangesNothing) {
-  for (const char* config : {"qwen2.json", "llama.json", "mistral.json", "qwen3.json"}) {
+  for (const char* config : {"qwen2.json", "llama.json", "mistral.json", "qwen3.json", "deepseek_v3_dense.json"}) {
     Fixture f(config);
     auto& store = f.model.parameters();
     const std::vector<float> logits = f.max_logits();

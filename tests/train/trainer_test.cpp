@@ -203,6 +203,42 @@ TEST_F(Trainer, QkClipCapsTheLogitsItSees) {
   EXPECT_FALSE(metrics(dir_ / "free").back().contains("qk_clip_heads"));
 }
 
+// MLA with dense MLPs (DeepSeek-V3 attention) under `keel train` with Muon: it learns; with
+// QK-Clip at half the max logit the unclipped run reaches, the MLA clip fires and holds the
+// logits well below that run's.
+TEST_F(Trainer, MlaWithMuonAndQkClipTrains) {
+  std::ofstream(dir_ / "mla.toml") << "[run]\nsteps = 30\nout = \"" << (dir_ / "mla").string()
+                                   << "\"\nseed = 3\nlog_every = 10\n"
+                                      "[model]\nconfig = \"" << testing::source_path("configs/tiny/deepseek_v3_dense.json")
+                                   << "\"\nset = [\"vocab_size=64\"]\n"
+                                      "[data]\ndataset = \"" << (dir_ / "data").string() << "\"\n"
+                                      "[batch]\nsequences = 4\nseq_len = 32\n"
+                                      "[optimizer]\nname = \"muon\"\nlr = 0.02\n"
+                                      "[schedule]\nkind = \"constant\"\n"
+                                      "[eval]\nevery = 10\nbatches = 2\n"
+                                      "[checkpoint]\nevery = 10\nkeep = 1\n";
+  const std::string cmd = "train --config " + (dir_ / "mla.toml").string();
+  auto free = testing::run_keel(cmd);
+  ASSERT_EQ(free.status, 0) << free.err;
+  auto m = metrics(dir_ / "mla");
+  ASSERT_EQ(m.size(), 30u);
+  EXPECT_EQ(m[0]["max_logit_per_head"].size(), 2u);
+  EXPECT_EQ(m[0]["max_logit_per_head"][0].size(), 4u);
+  EXPECT_LT(m[29]["loss"].get<double>(), m[0]["loss"].get<double>() - 1.0) << "the synthetic words are learnable";
+  const double reached = m.back()["max_logit"].get<double>();
+  const double tau = reached / 2;
+  auto r = testing::run_keel(cmd + " --set run.out=" + (dir_ / "mla_clip").string() +
+                             " --set optimizer.qk_clip_tau=" + std::to_string(tau));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto c = metrics(dir_ / "mla_clip");
+  ASSERT_EQ(c.size(), 30u);
+  int64_t clipped = 0;
+  for (const auto& line : c) clipped += line["qk_clip_heads"].get<int64_t>();
+  EXPECT_GT(clipped, 0);
+  EXPECT_LT(c.back()["max_logit"].get<double>(), 0.75 * reached) << "tau " << tau << ", unclipped " << reached;
+  EXPECT_LT(c[29]["loss"].get<double>(), c[0]["loss"].get<double>() - 1.0);
+}
+
 TEST_F(Trainer, TensorBoardOnRequest) {
   auto r = testing::run_keel(run_cmd((dir_ / "tb").string(), "--set run.steps=3 --tensorboard"));
   ASSERT_EQ(r.status, 0) << r.err;

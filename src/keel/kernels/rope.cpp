@@ -1,5 +1,6 @@
 #include "keel/kernels/rope.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -17,9 +18,39 @@ double scaling_number(const nlohmann::json& s, const char* key) {
   return s[key].get<double>();
 }
 
+// An optional numeric field; null, absent and 0 all read as `fallback` (HF's `get(k) or default`).
+double scaling_number_or(const nlohmann::json& s, const char* key, double fallback) {
+  if (!s.contains(key) || s[key].is_null()) return fallback;
+  if (!s[key].is_number()) throw Error("", "rope_scaling", std::string("field '") + key + "' must be a number");
+  const double v = s[key].get<double>();
+  return v == 0.0 ? fallback : v;
+}
+
+std::string scaling_type(const nlohmann::json& rope_scaling) {
+  if (!rope_scaling.is_object()) return "default";
+  if (rope_scaling.contains("rope_type") && rope_scaling["rope_type"].is_string())
+    return rope_scaling["rope_type"].get<std::string>();
+  if (rope_scaling.contains("type") && rope_scaling["type"].is_string()) return rope_scaling["type"].get<std::string>();
+  return "";
+}
+
 }  // namespace
 
-std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohmann::json& rope_scaling) {
+double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+double rope_attention_factor(const nlohmann::json& rope_scaling) {
+  if (scaling_type(rope_scaling) != "yarn") return 1.0;
+  const double factor = scaling_number(rope_scaling, "factor");
+  if (rope_scaling.contains("attention_factor") && !rope_scaling["attention_factor"].is_null())
+    return scaling_number(rope_scaling, "attention_factor");
+  const double mscale = scaling_number_or(rope_scaling, "mscale", 0.0);
+  const double mscale_all_dim = scaling_number_or(rope_scaling, "mscale_all_dim", 0.0);
+  if (mscale != 0.0 && mscale_all_dim != 0.0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+  return yarn_mscale(factor, 1.0);
+}
+
+std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohmann::json& rope_scaling,
+                                  int64_t max_positions) {
   if (rotary_dim <= 0 || rotary_dim % 2 != 0)
     throw Error("", "rotary_dim", "must be positive and even, got " + std::to_string(rotary_dim));
   const int64_t half = rotary_dim / 2;
@@ -27,11 +58,7 @@ std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohma
   for (int64_t i = 0; i < half; ++i) inv[size_t(i)] = std::pow(theta, -double(2 * i) / double(rotary_dim));
   if (rope_scaling.is_null()) return inv;
   if (!rope_scaling.is_object()) throw Error("", "rope_scaling", "must be an object or null");
-  std::string type;
-  if (rope_scaling.contains("rope_type") && rope_scaling["rope_type"].is_string())
-    type = rope_scaling["rope_type"].get<std::string>();
-  else if (rope_scaling.contains("type") && rope_scaling["type"].is_string())
-    type = rope_scaling["type"].get<std::string>();
+  const std::string type = scaling_type(rope_scaling);
   if (type == "default") return inv;
   if (type == "linear") {
     const double factor = scaling_number(rope_scaling, "factor");
@@ -60,11 +87,46 @@ std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohma
     }
     return inv;
   }
-  throw Error("", "rope_scaling", "unsupported type '" + type + "' (supported: default, linear, llama3)");
+  if (type == "yarn") {
+    // transformers modeling_rope_utils._compute_yarn_parameters (YaRN, arXiv:2309.00071 §3.2;
+    // DeepSeek-V3 §4.3): dims that rotate fewer than beta_slow times over the original context
+    // are interpolated (f / factor), those rotating more than beta_fast times are kept, and a
+    // linear ramp over the (truncated) correction dims blends the two.
+    const double factor = scaling_number(rope_scaling, "factor");
+    const double beta_fast = scaling_number_or(rope_scaling, "beta_fast", 32.0);
+    const double beta_slow = scaling_number_or(rope_scaling, "beta_slow", 1.0);
+    const double original = scaling_number_or(rope_scaling, "original_max_position_embeddings",
+                                              static_cast<double>(max_positions));
+    if (!(original > 0.0))
+      throw Error("", "rope_scaling", "yarn needs original_max_position_embeddings (or max_position_embeddings)");
+    const bool truncate = !(rope_scaling.contains("truncate") && rope_scaling["truncate"].is_boolean() &&
+                            !rope_scaling["truncate"].get<bool>());
+    const double dim = static_cast<double>(rotary_dim);
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(original / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(theta));
+    };
+    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+    if (truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;  // HF: avoids a division by zero in the ramp
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1.0 - ramp;  // weight of the unscaled frequency
+      double& f = inv[size_t(i)];
+      f = (f / factor) * (1.0 - extrapolation) + f * extrapolation;
+    }
+    return inv;
+  }
+  throw Error("", "rope_scaling", "unsupported type '" + type + "' (supported: default, linear, llama3, yarn)");
 }
 
 RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_positions, const nlohmann::json& rope_scaling) {
-  const std::vector<double> inv = rope_inv_freq(theta, rotary_dim, rope_scaling);
+  const std::vector<double> inv = rope_inv_freq(theta, rotary_dim, rope_scaling, max_positions);
+  const double attention_factor = rope_attention_factor(rope_scaling);
   if (max_positions <= 0) throw Error("", "max_position_embeddings", "must be positive");
   RopeTable t;
   t.rotary_dim = rotary_dim;
@@ -77,8 +139,8 @@ RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_position
   for (int64_t p = 0; p < max_positions; ++p)
     for (int64_t i = 0; i < half; ++i) {
       const double a = double(p) * inv[size_t(i)];
-      t.cos[size_t(p * half + i)] = float(std::cos(a));
-      t.sin[size_t(p * half + i)] = float(std::sin(a));
+      t.cos[size_t(p * half + i)] = float(std::cos(a) * attention_factor);
+      t.sin[size_t(p * half + i)] = float(std::sin(a) * attention_factor);
     }
   return t;
 }
@@ -91,6 +153,8 @@ void rope_apply(float* x, const RopeTable& table, int64_t batch, int64_t seq, in
                 int64_t first_position, float sign) {
   KEEL_CHECK(table.rotary_dim <= head_dim && first_position >= 0 && first_position + seq <= table.max_positions);
   const int64_t half = table.rotary_dim / 2;
+  // Pair i is (i, i + half) in the rotate-half layout, (2i, 2i + 1) when interleaved.
+  const int64_t first_stride = table.interleave ? 2 : 1, second_offset = table.interleave ? 1 : half;
 #pragma omp parallel for schedule(static) if (batch * seq > 1)
   for (int64_t bt = 0; bt < batch * seq; ++bt) {
     const int64_t t = first_position + bt % seq;
@@ -101,9 +165,10 @@ void rope_apply(float* x, const RopeTable& table, int64_t batch, int64_t seq, in
       // HF: out = x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1).
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {
-        const float x1 = v[i], x2 = v[i + half], sn = sign * s[i];
-        v[i] = x1 * c[i] - x2 * sn;
-        v[i + half] = x2 * c[i] + x1 * sn;
+        const int64_t a = i * first_stride, b = a + second_offset;
+        const float x1 = v[a], x2 = v[b], sn = sign * s[i];
+        v[a] = x1 * c[i] - x2 * sn;
+        v[b] = x2 * c[i] + x1 * sn;
       }
     }
   }

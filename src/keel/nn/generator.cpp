@@ -54,6 +54,11 @@ Generator::Generator(const TransformerModel& model)
       head_dim_(spec_.attention.head_dim) {
   const ParameterStore& store = model.parameters();
   const auto& a = spec_.attention;
+  // The KV cache here holds per-head K and V; MLA would cache the latent and k^R instead.
+  if (a.kind == arch::AttentionKind::Mla)
+    throw Error(spec_.source, "model_type",
+                "keel generate does not support MLA attention (" + spec_.model_type +
+                    ") yet; keel eval and keel train do");
   embed_ = find_param(store, gpt2_ ? "transformer.wte.weight" : "model.embed_tokens.weight");
   if (gpt2_) {
     positions_ = find_param(store, "transformer.wpe.weight");

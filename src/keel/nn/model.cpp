@@ -41,6 +41,23 @@ Sublayer make_sublayer(ParameterStore& store, const arch::ModelSpec& spec, int64
   return s;
 }
 
+std::string attention_prefix(const arch::ModelSpec& spec, int64_t layer) {
+  return spec.family == arch::Family::Gpt2 ? "transformer.h." + std::to_string(layer) + ".attn"
+                                           : "model.layers." + std::to_string(layer) + ".self_attn";
+}
+
+std::optional<Attention> make_attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
+                                        const kernels::RopeTable* rope) {
+  if (spec.attention.kind == arch::AttentionKind::Mla) return std::nullopt;
+  return Attention(store, attention_prefix(spec, layer), spec, rope);
+}
+
+std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
+                                     const kernels::RopeTable* rope) {
+  if (spec.attention.kind != arch::AttentionKind::Mla) return std::nullopt;
+  return MlaAttention(store, attention_prefix(spec, layer), spec, rope);
+}
+
 void add_into(float* dst, const float* a, const float* b, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
@@ -56,10 +73,8 @@ Block::Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, 
       // Registration order follows the HF checkpoint: norms around attention, attention, MLP.
       attn_norms_(make_sublayer(store, spec, layer, true)),
       mlp_norms_(make_sublayer(store, spec, layer, false)),
-      attention_(store,
-                 (spec.family == arch::Family::Gpt2 ? "transformer.h." + std::to_string(layer) + ".attn"
-                                                    : "model.layers." + std::to_string(layer) + ".self_attn"),
-                 spec, rope),
+      attention_(make_attention(store, spec, layer, rope)),
+      mla_(make_mla(store, spec, layer, rope)),
       mlp_(store,
            (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer) + ".mlp",
            spec) {}
@@ -74,7 +89,10 @@ float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const
     add_into(sum, in, y, n * hidden_);
     return sub.wrap ? sub.wrap->forward(store, arena, sum, n) : sum;
   };
-  float* x1 = run(attn_norms_, x, [&](const float* in) { return attention_.forward(store, arena, in, s, max_logit); });
+  float* x1 = run(attn_norms_, x, [&](const float* in) {
+    return attention_ ? attention_->forward(store, arena, in, s, max_logit)
+                      : mla_->forward(store, arena, in, s, max_logit);
+  });
   return run(mlp_norms_, x1, [&](const float* in) { return mlp_.forward(store, arena, in, n); });
 }
 
@@ -107,16 +125,22 @@ float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, c
     return dx;
   };
   float* dx1 = run(mlp_norms_, dout, [&](const float* dy, float* dx) { mlp_.backward(store, arena, dy, dx, n); });
-  return run(attn_norms_, dx1, [&](const float* dy, float* dx) { attention_.backward(store, arena, dy, dx, s); });
+  return run(attn_norms_, dx1, [&](const float* dy, float* dx) {
+    if (attention_) attention_->backward(store, arena, dy, dx, s);
+    else mla_->backward(store, arena, dy, dx, s);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
 // TransformerModel
 
 TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
-  if (spec.attention.kind == arch::AttentionKind::Mla || spec.moe.enabled) {
-    throw Error(spec.source, "model_type",
-                "keel can inspect " + spec.model_type + " but cannot train MLA or MoE blocks yet");
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.is_moe_layer(l)) {
+      throw Error(spec.source, "model_type",
+                  "keel can inspect " + spec.model_type + " but cannot train MoE blocks yet (layer " +
+                      std::to_string(l) + " has routed experts)");
+    }
   }
   const bool gpt2 = spec.family == arch::Family::Gpt2;
   const int64_t h = spec.hidden_size;
@@ -127,6 +151,7 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
   } else {
     rope_ = kernels::make_rope_table(spec.attention.rope.theta, spec.attention.rope.rotary_dim,
                                      spec.max_position_embeddings, spec.attention.rope.scaling);
+    rope_.interleave = spec.attention.rope.interleave;  // only MLA configs set rope_interleave
   }
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     blocks_.push_back(std::make_unique<Block>(store_, spec, l, gpt2 ? nullptr : &rope_));

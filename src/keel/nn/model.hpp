@@ -10,6 +10,7 @@
 #include "keel/arch/model_spec.hpp"
 #include "keel/core/arena.hpp"
 #include "keel/kernels/rope.hpp"
+#include "keel/nn/mla_attention.hpp"
 #include "keel/nn/modules.hpp"
 #include "keel/nn/parameters.hpp"
 
@@ -32,13 +33,15 @@ class Block {
  private:
   int64_t hidden_;
   Sublayer attn_norms_, mlp_norms_;
-  Attention attention_;
+  // Exactly one is set: MHA/GQA/MQA, or MLA (DeepSeek-V3 / Kimi K2).
+  std::optional<Attention> attention_;
+  std::optional<MlaAttention> mla_;
   Mlp mlp_;
 };
 
 class TransformerModel {
  public:
-  // Throws keel::Error for families keel cannot train yet (MLA, MoE).
+  // Throws keel::Error for what keel cannot train yet (MoE layers).
   explicit TransformerModel(const arch::ModelSpec& spec);
 
   const arch::ModelSpec& spec() const { return spec_; }

@@ -1,4 +1,5 @@
-// QK-Clip (Kimi K2, arXiv:2507.20534 §2.1, Algorithm 1) for MHA/GQA/MQA, with and without QK-Norm.
+// QK-Clip (Kimi K2, arXiv:2507.20534 §2.1, Algorithm 1) for MHA/GQA/MQA, with and without QK-Norm,
+// and for MLA (DeepSeek-V3 / Kimi K2).
 #include "keel/optim/qk_clip.hpp"
 
 #include <algorithm>
@@ -10,8 +11,8 @@
 namespace keel::optim {
 namespace {
 
-// Families whose attention is plain q_proj/k_proj (+ optional bias, optional QK-Norm).
-bool has_separate_qk_projections(arch::Family f) {
+// Families QK-Clip supports: plain q_proj/k_proj (+ optional bias, optional QK-Norm), or MLA.
+bool supported(arch::Family f) {
   switch (f) {
     case arch::Family::Llama:
     case arch::Family::Mistral:
@@ -20,10 +21,10 @@ bool has_separate_qk_projections(arch::Family f) {
     case arch::Family::Qwen3Moe:
     case arch::Family::Mixtral:
     case arch::Family::Glm4Moe:
-      return true;
-    case arch::Family::Gpt2:        // fused c_attn, out of scope
-    case arch::Family::DeepseekV3:  // MLA: needs the q^C/q^R/k^C split of algorithms.md §2
+    case arch::Family::DeepseekV3:  // MLA
     case arch::Family::KimiK2:
+      return true;
+    case arch::Family::Gpt2:  // fused c_attn, out of scope
       return false;
   }
   return false;
@@ -49,11 +50,37 @@ void scale_rows(float* w, float* bias, int64_t row, int64_t rows, int64_t cols, 
     for (int64_t i = row; i < row + rows; ++i) bias[i] *= f;
 }
 
+// MLA, per head h (Kimi K2 §2.1, algorithms.md §2): the logit is
+//   s = scale·(q^C_h·k^C_h + q^R_h·k^R),
+// with q^C_h, q^R_h rows of q_b_proj (or q_proj), k^C_h rows of kv_b_proj and k^R the last
+// qk_rope_head_dim rows of kv_a_proj_with_mqa, shared by every head. Scaling q^C_h and k^C_h rows
+// by sqrt(gamma_h) and q^R_h rows by gamma_h multiplies both terms, hence the logit, by exactly
+// gamma_h (RoPE is linear; q^C/q^R pass no norm after these projections). k^R and v_h rows are
+// left alone: k^R feeds every head, v does not enter the logit. q_a_proj / q_a_layernorm /
+// kv_a_layernorm feed all heads too and stay untouched.
+void clip_mla_layer(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::string& p,
+                    const std::vector<double>& gamma) {
+  const auto& a = spec.attention;
+  const int64_t heads = a.num_heads, nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim, qk = nope + rope;
+  const int64_t q_in = a.q_lora_rank > 0 ? a.q_lora_rank : spec.hidden_size;
+  float* wq = param(store, spec, p + (a.q_lora_rank > 0 ? "q_b_proj.weight" : "q_proj.weight"), heads * qk * q_in);
+  const int64_t kvb_rows = nope + a.v_head_dim;
+  float* wkv_b = param(store, spec, p + "kv_b_proj.weight", heads * kvb_rows * a.kv_lora_rank);
+  for (int64_t h = 0; h < heads; ++h) {
+    const double g = gamma[static_cast<size_t>(h)];
+    if (g >= 1.0) continue;  // unclipped heads keep their bits
+    const float root = static_cast<float>(std::sqrt(g));
+    scale_rows(wq, nullptr, h * qk, nope, q_in, root);                         // q^C_h
+    scale_rows(wq, nullptr, h * qk + nope, rope, q_in, static_cast<float>(g));  // q^R_h
+    scale_rows(wkv_b, nullptr, h * kvb_rows, nope, a.kv_lora_rank, root);      // k^C_h
+  }
+}
+
 }  // namespace
 
 QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::vector<float>& max_logits,
                      const QkClipConfig& cfg) {
-  if (!has_separate_qk_projections(spec.family))
+  if (!supported(spec.family))
     throw Error(spec.source, "model_type", "QK-Clip is not implemented for model_type '" + spec.model_type + "'");
   if (!(cfg.tau > 0.f) || !std::isfinite(cfg.tau))
     throw Error("", "qk_clip.tau", "must be a positive finite number, got " + std::to_string(cfg.tau));
@@ -89,6 +116,10 @@ QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, con
     if (!any) continue;  // nothing in this layer is touched: its weights stay bit-identical
     const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
 
+    if (spec.attention.kind == arch::AttentionKind::Mla) {
+      clip_mla_layer(store, spec, p, gamma);
+      continue;
+    }
     if (spec.attention.qk_norm) {
       // With QK-Norm (Qwen3, algorithms.md §3) q = g_q ⊙ RMSNorm(W_q x) per head, so scaling W_q or
       // W_k is cancelled by the norm (up to eps) and only the gains can move the logits. The gains

@@ -6,8 +6,10 @@
 // Megatron.
 //
 // Families: the MHA/GQA/MQA decoders whose attention is `model.layers.{L}.self_attn.{q,k}_proj`
-// (llama, mistral, qwen2, qwen3, and the MoE families sharing that attention). GPT-2's fused
-// c_attn and MLA (deepseek_v3, kimi_k2) throw keel::Error naming the model_type.
+// (llama, mistral, qwen2, qwen3, and the MoE families sharing that attention), and MLA
+// (deepseek_v3, kimi_k2: per head q^C and k^C rows by sqrt(gamma_h), q^R rows by gamma_h, the
+// shared k^R untouched; q_b_proj or q_proj). GPT-2's fused c_attn throws keel::Error naming the
+// model_type.
 #include <cstdint>
 #include <vector>
 

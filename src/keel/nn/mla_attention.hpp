@@ -1,0 +1,50 @@
+#pragma once
+// Multi-head Latent Attention (DeepSeek-V2/V3 §2.1.1, Kimi K2), as HF's modeling_deepseek_v3.py
+// computes it for training (no weight absorption):
+//   q   = q_b_proj(RMSNorm_q(q_a_proj(x)))   or q_proj(x) when q_lora_rank is null    (n, H, dn+dr)
+//   kva = kv_a_proj_with_mqa(x) = [c_pre (kv_lora_rank) | kR_pre (dr)]
+//   [kC_h | v_h] = kv_b_proj(RMSNorm_kv(c_pre)) per head                               (dn, dv)
+//   qR = RoPE(q[..., dn:]), kR = RoPE(kR_pre) shared by all heads
+//   o_h = softmax(scale · [qC_h; qR_h]·[kC_h; kR]) v_h, y = o_proj(concat_h o_h)
+// scale = (dn + dr)^-1/2, times mscale(factor, mscale_all_dim)² when rope_scaling sets
+// mscale_all_dim (HF DeepseekV3Attention). Per-head max logits come from the attention kernel.
+#include <string>
+
+#include "keel/arch/model_spec.hpp"
+#include "keel/core/arena.hpp"
+#include "keel/kernels/rope.hpp"
+#include "keel/nn/modules.hpp"
+#include "keel/nn/parameters.hpp"
+
+namespace keel::nn {
+
+// The softmax scale HF's DeepseekV3Attention uses for this spec.
+double mla_softmax_scale(const arch::ModelSpec& spec);
+
+class MlaAttention {
+ public:
+  // rope: a table of rotary_dim = qk_rope_head_dim (interleaved when rope_interleave is set).
+  MlaAttention(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec,
+               const kernels::RopeTable* rope);
+  // x: (n, hidden) -> returns y: (n, hidden). max_logit: (heads) running max, updated in place.
+  float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
+  // Accumulates dx (n, hidden) and the parameter gradients.
+  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s);
+
+  int64_t heads() const { return heads_; }
+
+ private:
+  int64_t hidden_, heads_, q_rank_, kv_rank_, nope_, rope_dim_, v_dim_;
+  float norm_eps_, scale_, softcap_;
+  const kernels::RopeTable* rope_;
+  ParamRef wq_a_, bq_a_, q_norm_, wq_b_, wq_;  // q_lora_rank > 0: q_a/q_a_layernorm/q_b, else q_proj
+  ParamRef wkv_a_, bkv_a_, kv_norm_, wkv_b_, wo_, bo_;
+  // Saved for backward.
+  const float* x_ = nullptr;
+  float *q_a_ = nullptr, *q_rstd_ = nullptr, *c_q_ = nullptr;       // q_a_proj output, its rstd, normed
+  float *c_pre_ = nullptr, *kv_rstd_ = nullptr, *c_kv_ = nullptr;  // latent before/after kv_a_layernorm
+  float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;                // attention inputs (n, H, ·)
+  float *out_ = nullptr, *lse_ = nullptr;
+};
+
+}  // namespace keel::nn
