@@ -103,7 +103,9 @@ INSTANTIATE_TEST_SUITE_P(
                            {"attention_bias=true", "v_head_dim=12", "rope_scaling.type=yarn", "rope_scaling.factor=4.0",
                             "rope_scaling.original_max_position_embeddings=32", "rope_scaling.mscale=1.0",
                             "rope_scaling.mscale_all_dim=0.7", "keel.attn_softcap=5"}},
-                      Case{"mla_rope_only", "deepseek_v3_dense.json", {"qk_nope_head_dim=0", "q_lora_rank=null"}}),
+                      Case{"mla_rope_only", "deepseek_v3_dense.json", {"qk_nope_head_dim=0", "q_lora_rank=null"}},
+                      // The study's ablation: no q_a_layernorm / kv_a_layernorm.
+                      Case{"mla_no_latent_norms", "deepseek_v3_dense.json", {"keel.mla_latent_norms=false"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ModelBuild, RegistersExactlyTheHfTensors) {
@@ -126,6 +128,25 @@ TEST(ModelBuild, RegistersExactlyTheHfTensors) {
       }
     }
   }
+}
+
+TEST(ModelBuild, MlaWithoutLatentNormsDropsExactlyThoseTensors) {
+  const std::string cfg = std::string(KEEL_SOURCE_DIR) + "/configs/tiny/deepseek_v3_dense.json";
+  TransformerModel with(arch::load_model_spec(cfg));
+  arch::ModelSpec spec = arch::load_model_spec(cfg, {"keel.mla_latent_norms=false"});
+  TransformerModel without(spec);
+  auto layout = arch::hf_tensor_layout(spec, false);
+  ASSERT_EQ(layout.size(), without.parameters().entries().size());
+  for (const auto& t : layout) ASSERT_NE(without.parameters().find(t.name), nullptr) << t.name;
+  // Two gains per layer fewer: q_a_layernorm (q_lora_rank) and kv_a_layernorm (kv_lora_rank).
+  EXPECT_EQ(with.parameters().entries().size() - without.parameters().entries().size(), 2 * spec.num_layers);
+  EXPECT_EQ(with.parameters().size() - without.parameters().size(),
+            spec.num_layers * (spec.attention.q_lora_rank + spec.attention.kv_lora_rank));
+  EXPECT_EQ(without.parameters().find("model.layers.0.self_attn.kv_a_layernorm.weight"), nullptr);
+  // Only MLA families have latent norms to drop.
+  EXPECT_THROW(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/llama.json",
+                                     {"keel.mla_latent_norms=false"}),
+               Error);
 }
 
 TEST(ModelBuild, MoeLayersStillThrowButDenseMlaBuilds) {

@@ -67,7 +67,8 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                         {"qk_nope_head_dim", a.qk_nope_head_dim},
                         {"qk_rope_head_dim", a.qk_rope_head_dim},
                         {"v_head_dim", a.v_head_dim},
-                        {"qk_head_dim", a.qk_head_dim()}};
+                        {"qk_head_dim", a.qk_head_dim()},
+                        {"latent_norms", a.mla_latent_norms}};
   } else {
     attention["mla"] = nullptr;
   }

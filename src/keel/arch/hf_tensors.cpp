@@ -80,14 +80,14 @@ class LayoutBuilder {
       const int64_t qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
       if (a.q_lora_rank > 0) {
         linear(p + ".q_a_proj", a.q_lora_rank, h, a.qkv_bias, Component::Attention, layer);
-        norm(p + ".q_a_layernorm", a.q_lora_rank, Component::Attention, layer, NormKind::RmsNorm);
+        if (a.mla_latent_norms) norm(p + ".q_a_layernorm", a.q_lora_rank, Component::Attention, layer, NormKind::RmsNorm);
         linear(p + ".q_b_proj", a.num_heads * qk, a.q_lora_rank, false, Component::Attention, layer);
       } else {
         linear(p + ".q_proj", a.num_heads * qk, h, false, Component::Attention, layer);
       }
       linear(p + ".kv_a_proj_with_mqa", a.kv_lora_rank + a.qk_rope_head_dim, h, a.qkv_bias,
              Component::Attention, layer);
-      norm(p + ".kv_a_layernorm", a.kv_lora_rank, Component::Attention, layer, NormKind::RmsNorm);
+      if (a.mla_latent_norms) norm(p + ".kv_a_layernorm", a.kv_lora_rank, Component::Attention, layer, NormKind::RmsNorm);
       linear(p + ".kv_b_proj", a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, false,
              Component::Attention, layer);
       linear(p + ".o_proj", h, a.num_heads * a.v_head_dim, a.o_bias, Component::Attention, layer);

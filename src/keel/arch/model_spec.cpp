@@ -108,12 +108,12 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   if (it == config.end() || it->is_null()) return;
   if (!it->is_object()) throw Error(source, "keel", "expected an object, got a " + std::string(it->type_name()));
   static const std::set<std::string> known = {"norm", "norm_placement", "qk_norm", "qkv_bias",
-                                              "z_loss", "attn_softcap", "final_softcap"};
+                                              "z_loss", "attn_softcap", "final_softcap", "mla_latent_norms"};
   for (const auto& [key, value] : it->items()) {
     if (!known.contains(key)) {
       throw Error(source, "keel." + key,
                   "unknown key; supported: norm, norm_placement, qk_norm, qkv_bias, z_loss, "
-                  "attn_softcap, final_softcap");
+                  "attn_softcap, final_softcap, mla_latent_norms");
     }
   }
   ConfigReader r(*it, source, "keel.");
@@ -142,6 +142,10 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   if (r.has("qkv_bias")) {
     spec.attention.qkv_bias = r.optional_bool("qkv_bias", false);
     if (row.mla || row.gpt2_fields) r.fail("qkv_bias", "not available for " + std::string(row.model_type));
+  }
+  if (r.has("mla_latent_norms")) {
+    spec.attention.mla_latent_norms = r.optional_bool("mla_latent_norms", true);
+    if (!row.mla) r.fail("mla_latent_norms", "only MLA families (deepseek_v3, kimi_k2) have latent norms");
   }
   spec.z_loss = r.optional_number("z_loss", 0.0, 0.0, 1e3);
   spec.attention.softcap = r.optional_number("attn_softcap", 0.0, 0.0, 1e6);

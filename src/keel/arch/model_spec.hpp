@@ -60,6 +60,9 @@ struct AttentionSpec {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+  // keel.mla_latent_norms = false drops q_a_layernorm and kv_a_layernorm (an ablation: DeepSeek-V2
+  // §2.1.2 adds them after the compressed latents; the MLA study asks whether they are needed).
+  bool mla_latent_norms = true;
   double softcap = 0.0;          // keel.attn_softcap; 0 = off
   int64_t qk_head_dim() const { return kind == AttentionKind::Mla ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
   int64_t value_head_dim() const { return kind == AttentionKind::Mla ? v_head_dim : head_dim; }

@@ -47,6 +47,7 @@ MlaAttention::MlaAttention(ParameterStore& store, const std::string& p, const ar
       norm_eps_(static_cast<float>(spec.norm_eps)),
       scale_(static_cast<float>(mla_softmax_scale(spec))),
       softcap_(static_cast<float>(spec.attention.softcap)),
+      latent_norms_(spec.attention.mla_latent_norms),
       rope_(rope) {
   const auto& a = spec.attention;
   KEEL_CHECK(a.kind == arch::AttentionKind::Mla && rope != nullptr && rope->rotary_dim == rope_dim_);
@@ -57,14 +58,14 @@ MlaAttention::MlaAttention(ParameterStore& store, const std::string& p, const ar
   if (q_rank_ > 0) {
     wq_a_ = store.add(p + ".q_a_proj.weight", {q_rank_, hidden_}, Init::Normal, true, true);
     if (a.qkv_bias) bq_a_ = store.add(p + ".q_a_proj.bias", {q_rank_}, Init::Zeros, false);
-    q_norm_ = store.add(p + ".q_a_layernorm.weight", {q_rank_}, Init::Ones, false);
+    if (latent_norms_) q_norm_ = store.add(p + ".q_a_layernorm.weight", {q_rank_}, Init::Ones, false);
     wq_b_ = store.add(p + ".q_b_proj.weight", {heads_ * qk, q_rank_}, Init::Normal, true, true);
   } else {
     wq_ = store.add(p + ".q_proj.weight", {heads_ * qk, hidden_}, Init::Normal, true, true);
   }
   wkv_a_ = store.add(p + ".kv_a_proj_with_mqa.weight", {kv_rank_ + rope_dim_, hidden_}, Init::Normal, true, true);
   if (a.qkv_bias) bkv_a_ = store.add(p + ".kv_a_proj_with_mqa.bias", {kv_rank_ + rope_dim_}, Init::Zeros, false);
-  kv_norm_ = store.add(p + ".kv_a_layernorm.weight", {kv_rank_}, Init::Ones, false);
+  if (latent_norms_) kv_norm_ = store.add(p + ".kv_a_layernorm.weight", {kv_rank_}, Init::Ones, false);
   wkv_b_ = store.add(p + ".kv_b_proj.weight", {heads_ * (nope_ + v_dim_), kv_rank_}, Init::Normal, true, true);
   wo_ = store.add(p + ".o_proj.weight", {hidden_, heads_ * v_dim_}, Init::Normal, true, true);
   if (a.o_bias) bo_ = store.add(p + ".o_proj.bias", {hidden_}, Init::Zeros, false);
@@ -82,10 +83,14 @@ float* MlaAttention::forward(ParameterStore& store, Arena& arena, const float* x
   q_ = alloc(n * H * qk);
   if (q_rank_ > 0) {
     q_a_ = alloc(n * q_rank_);
-    c_q_ = alloc(n * q_rank_);
-    q_rstd_ = alloc(n);
     kernels::linear_forward(x, store.data(wq_a_), opt(store, bq_a_), q_a_, n, hidden_, q_rank_);
-    kernels::rmsnorm_forward(q_a_, store.data(q_norm_), c_q_, q_rstd_, n, q_rank_, norm_eps_);
+    if (latent_norms_) {
+      c_q_ = alloc(n * q_rank_);
+      q_rstd_ = alloc(n);
+      kernels::rmsnorm_forward(q_a_, store.data(q_norm_), c_q_, q_rstd_, n, q_rank_, norm_eps_);
+    } else {
+      c_q_ = q_a_;  // ablation: the latent goes straight into q_b_proj
+    }
     kernels::linear_forward(c_q_, store.data(wq_b_), nullptr, q_, n, q_rank_, H * qk);
   } else {
     kernels::linear_forward(x, store.data(wq_), nullptr, q_, n, hidden_, H * qk);
@@ -100,9 +105,13 @@ float* MlaAttention::forward(ParameterStore& store, Arena& arena, const float* x
   c_pre_ = alloc(n * kv_rank_);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) std::memcpy(c_pre_ + t * kv_rank_, kva + t * kva_w, sizeof(float) * kv_rank_);
-  c_kv_ = alloc(n * kv_rank_);
-  kv_rstd_ = alloc(n);
-  kernels::rmsnorm_forward(c_pre_, store.data(kv_norm_), c_kv_, kv_rstd_, n, kv_rank_, norm_eps_);
+  if (latent_norms_) {
+    c_kv_ = alloc(n * kv_rank_);
+    kv_rstd_ = alloc(n);
+    kernels::rmsnorm_forward(c_pre_, store.data(kv_norm_), c_kv_, kv_rstd_, n, kv_rank_, norm_eps_);
+  } else {
+    c_kv_ = c_pre_;
+  }
   float* kvb = alloc(n * H * kvb_w);
   kernels::linear_forward(c_kv_, store.data(wkv_b_), nullptr, kvb, n, kv_rank_, H * kvb_w);
   kernels::rope_forward(kva + kv_rank_, *rope_, s.batch, s.seq, 1, kva_w);
@@ -165,8 +174,11 @@ void MlaAttention::backward(ParameterStore& store, Arena& arena, const float* dy
   float* dc_kv = zeroed(n * kv_rank_);
   kernels::linear_backward(c_kv_, store.data(wkv_b_), dkvb, dc_kv, store.grad(wkv_b_), nullptr, n, kv_rank_,
                            H * kvb_w);
-  float* dc_pre = zeroed(n * kv_rank_);
-  kernels::rmsnorm_backward(c_pre_, store.data(kv_norm_), kv_rstd_, dc_kv, dc_pre, store.grad(kv_norm_), n, kv_rank_);
+  float* dc_pre = dc_kv;
+  if (latent_norms_) {
+    dc_pre = zeroed(n * kv_rank_);
+    kernels::rmsnorm_backward(c_pre_, store.data(kv_norm_), kv_rstd_, dc_kv, dc_pre, store.grad(kv_norm_), n, kv_rank_);
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) std::memcpy(dkva + t * kva_w, dc_pre + t * kv_rank_, sizeof(float) * kv_rank_);
   kernels::linear_backward(x_, store.data(wkv_a_), dkva, dx, store.grad(wkv_a_), opt_grad(store, bkv_a_), n, hidden_,
@@ -175,8 +187,11 @@ void MlaAttention::backward(ParameterStore& store, Arena& arena, const float* dy
   if (q_rank_ > 0) {
     float* dc_q = zeroed(n * q_rank_);
     kernels::linear_backward(c_q_, store.data(wq_b_), dq, dc_q, store.grad(wq_b_), nullptr, n, q_rank_, H * qk);
-    float* dq_a = zeroed(n * q_rank_);
-    kernels::rmsnorm_backward(q_a_, store.data(q_norm_), q_rstd_, dc_q, dq_a, store.grad(q_norm_), n, q_rank_);
+    float* dq_a = dc_q;
+    if (latent_norms_) {
+      dq_a = zeroed(n * q_rank_);
+      kernels::rmsnorm_backward(q_a_, store.data(q_norm_), q_rstd_, dc_q, dq_a, store.grad(q_norm_), n, q_rank_);
+    }
     kernels::linear_backward(x_, store.data(wq_a_), dq_a, dx, store.grad(wq_a_), opt_grad(store, bq_a_), n, hidden_,
                              q_rank_);
   } else {

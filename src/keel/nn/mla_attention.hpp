@@ -36,6 +36,7 @@ class MlaAttention {
  private:
   int64_t hidden_, heads_, q_rank_, kv_rank_, nope_, rope_dim_, v_dim_;
   float norm_eps_, scale_, softcap_;
+  bool latent_norms_;  // q_a_layernorm / kv_a_layernorm present (keel.mla_latent_norms)
   const kernels::RopeTable* rope_;
   ParamRef wq_a_, bq_a_, q_norm_, wq_b_, wq_;  // q_lora_rank > 0: q_a/q_a_layernorm/q_b, else q_proj
   ParamRef wkv_a_, bkv_a_, kv_norm_, wkv_b_, wo_, bo_;
