@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Reproduces the MLA study (README.md in this folder): a small DeepSeek-V3-style MLA model trained
+# with Muon at a high learning rate on the Brown corpus, identical data order and initial weights:
+#   (a) a_latent_norms:    MLA as DeepSeek-V3 builds it (q_a_layernorm, kv_a_layernorm)
+#   (b) b_no_latent_norms: the same without the two latent RMSNorms (keel.mla_latent_norms=false)
+#   (c) c_qk_clip:         (a) with QK-Clip, tau = 50, Kimi K2's MLA rule
+# The runs go side by side, one thread each; about 15 minutes on 2 cores. Resumable. Needs
+# `make data` first. Logs: OUT_DIR/<name>.log.
+#   bash experiments/mla/run.sh [KEEL_BINARY] [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KEEL=${1:-build/release/keel}
+OUT=${2:-runs/mla}
+BASE=experiments/mla/base.toml
+[[ -x "$KEEL" ]] || { echo "run.sh: no keel binary at $KEEL (make build)" >&2; exit 2; }
+[[ -d cache/brown/data ]] || { echo "run.sh: no prepared Brown corpus in cache/brown (make data)" >&2; exit 2; }
+
+run() {  # name, extra --set arguments...
+  local name=$1; shift
+  local dir=$OUT/$name
+  if [[ -f $dir/DONE ]]; then echo "== $name: done already"; return; fi
+  if ls "$dir"/checkpoints/step_*/COMMIT >/dev/null 2>&1; then
+    echo "== $name: resuming"
+    OMP_NUM_THREADS=1 "$KEEL" train --resume "$dir" > "$OUT/$name.log" 2>&1
+  else
+    echo "== $name"
+    rm -rf "$dir"
+    mkdir -p "$OUT"
+    OMP_NUM_THREADS=1 "$KEEL" train --config "$BASE" --set run.out="$dir" "$@" > "$OUT/$name.log" 2>&1
+  fi
+  touch "$dir/DONE"
+  echo "== $name: $(tail -n 3 "$OUT/$name.log" | head -n 1)"
+}
+
+start=$(date +%s)
+run a_latent_norms & a=$!
+run b_no_latent_norms --set 'model.set=["keel.mla_latent_norms=false"]' & b=$!
+run c_qk_clip --set optimizer.qk_clip_tau=50 & c=$!
+status=0
+for pid in $a $b $c; do wait "$pid" || status=1; done
+(( status == 0 )) || { echo "run.sh: a run failed; see $OUT/*.log" >&2; exit 1; }
+echo "training took $(( ($(date +%s) - start) / 60 )) min"
+
+for name in a_latent_norms b_no_latent_norms c_qk_clip; do
+  "$KEEL" plot "$OUT/$name" --out "$OUT/$name/plots"
+done
+"$KEEL" plot "$OUT/a_latent_norms" "$OUT/b_no_latent_norms" "$OUT/c_qk_clip" --out experiments/mla/figures --max-columns 250 --no-html
+echo "figures: experiments/mla/figures/"
