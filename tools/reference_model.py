@@ -5,8 +5,9 @@ Every block below names the transformers function it reproduces. Everything runs
 dtype the parameters have; make_fixtures.py uses torch.float64 so that the fixtures hold the
 exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-ops).
 
-Families: gpt2, llama, mistral, qwen2, qwen3, and deepseek_v3 / kimi_k2 with Multi-head Latent
-Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), plus keel's
+Families: gpt2, llama, mistral, qwen2, qwen3, deepseek_v3 / kimi_k2 with Multi-head Latent
+Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), and the MoE
+families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), plus keel's
 variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
 norm_placement (pre|post|sandwich), qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap.
 
@@ -33,9 +34,40 @@ _FAMILY_DEFAULTS = {
     "qwen3": (1e-6, 10000.0, False, 128),      # Qwen3Config.head_dim = 128
     "deepseek_v3": (1e-6, 10000.0, False, None),  # DeepseekV3Config
     "kimi_k2": (1e-6, 10000.0, False, None),      # Kimi K2 ships the DeepSeek-V3 architecture
+    "mixtral": (1e-5, 1e6, False, None),       # MixtralConfig
+    "qwen3_moe": (1e-6, 10000.0, False, 128),  # Qwen3MoeConfig
+    "glm4_moe": (1e-5, 10000.0, False, 128),   # Glm4MoeConfig (partial_rotary_factor 0.5)
 }
 
 _MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
+
+
+def resolve_moe(cfg, mt, layers):
+    """MoE fields: MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock (+ Qwen3MoeDecoderLayer's sparse
+    rule), Glm4MoeMoE / DeepseekV3MoE with the sigmoid TopkRouter (first_k_dense_replace)."""
+    if mt == "mixtral":
+        return dict(moe=True, router="softmax", experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                    norm_topk=True, scaling=1.0, n_group=1, topk_group=1, moe_inter=cfg["intermediate_size"],
+                    shared_inter=0, moe_layers=list(range(layers)), moe_prefix="block_sparse_moe",
+                    expert_names=("w1", "w3", "w2"), score_bias=False)
+    if mt == "qwen3_moe":
+        dense = set(cfg.get("mlp_only_layers", []))
+        step = cfg.get("decoder_sparse_step", 1)
+        moe_layers = [l for l in range(layers) if l not in dense and cfg.get("num_experts", 0) > 0 and (l + 1) % step == 0]
+        return dict(moe=True, router="softmax", experts=cfg["num_experts"], top_k=cfg["num_experts_per_tok"],
+                    norm_topk=bool(cfg.get("norm_topk_prob", False)), scaling=1.0, n_group=1, topk_group=1,
+                    moe_inter=cfg["moe_intermediate_size"], shared_inter=0, moe_layers=moe_layers, moe_prefix="mlp",
+                    expert_names=("gate_proj", "up_proj", "down_proj"), score_bias=False)
+    if mt == "glm4_moe":
+        first = cfg.get("first_k_dense_replace", 1)
+        return dict(moe=True, router="sigmoid", experts=cfg["n_routed_experts"], top_k=cfg["num_experts_per_tok"],
+                    norm_topk=bool(cfg.get("norm_topk_prob", True)),
+                    scaling=float(cfg.get("routed_scaling_factor", 1.0)), n_group=cfg.get("n_group", 1),
+                    topk_group=cfg.get("topk_group", 1), moe_inter=cfg["moe_intermediate_size"],
+                    shared_inter=cfg["moe_intermediate_size"] * cfg.get("n_shared_experts", 1),
+                    moe_layers=[l for l in range(layers) if l >= first], moe_prefix="mlp",
+                    expert_names=("gate_proj", "up_proj", "down_proj"), score_bias=True)
+    return dict(moe=False, moe_layers=[])
 
 
 def resolve(cfg):
@@ -76,9 +108,15 @@ def resolve(cfg):
         qkv_bias, o_bias, mlp_bias = False, False, False
     elif mt == "qwen2":    # Qwen2Attention: q,k,v bias=True, o_proj bias=False
         qkv_bias, o_bias, mlp_bias = True, False, False
-    else:                  # Qwen3Attention: q,k,v,o bias=config.attention_bias
+    elif mt == "mixtral":  # MixtralAttention: no biases
+        qkv_bias, o_bias, mlp_bias = False, False, False
+    elif mt == "glm4_moe":  # Glm4MoeAttention: q,k,v bias=config.attention_bias, o_proj bias=False
+        qkv_bias, o_bias, mlp_bias = attention_bias, False, False
+    else:                  # Qwen3Attention / Qwen3MoeAttention: q,k,v,o bias=config.attention_bias
         qkv_bias, o_bias, mlp_bias = attention_bias, attention_bias, False
-    qk_norm = mt == "qwen3"  # Qwen3Attention.q_norm / k_norm
+    qk_norm = mt in ("qwen3", "qwen3_moe")  # Qwen3Attention.q_norm / k_norm
+    if mt == "glm4_moe":
+        qk_norm = bool(cfg.get("use_qk_norm", False))
     if "qkv_bias" in keel:   # keel: switches only q, k, v biases
         qkv_bias = bool(keel["qkv_bias"])
     if "qk_norm" in keel:
@@ -93,6 +131,10 @@ def resolve(cfg):
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)),
     )
+    # Glm4MoeRotaryEmbedding: only the first head_dim * partial_rotary_factor dims rotate.
+    prf = float(cfg.get("partial_rotary_factor", 0.5 if mt == "glm4_moe" else 1.0))
+    s["rotary_dim"] = int(head_dim * prf)
+    s.update(resolve_moe(cfg, mt, s["layers"]))
     return s
 
 
@@ -190,10 +232,27 @@ def tensor_layout(s):
             add(p + ".q_norm.weight", [hd], "norm_weight")
             add(p + ".k_norm.weight", [hd], "norm_weight")
 
-    def mlp(p):
+    def dense_mlp(p):
         linear(p + ".mlp.gate_proj", I, H, s["mlp_bias"])
         linear(p + ".mlp.up_proj", I, H, s["mlp_bias"])
         linear(p + ".mlp.down_proj", H, I, s["mlp_bias"])
+
+    def mlp(p):
+        layer = int(p.rsplit(".", 1)[1])
+        if layer not in s["moe_layers"]:
+            return dense_mlp(p)
+        m, (g, u, d), W = f"{p}.{s['moe_prefix']}", s["expert_names"], s["moe_inter"]
+        add(m + ".gate.weight", [s["experts"], H], "router")
+        if s["score_bias"]:
+            add(m + ".gate.e_score_correction_bias", [s["experts"]], "buffer")
+        for e in range(s["experts"]):
+            linear(f"{m}.experts.{e}.{g}", W, H, False)
+            linear(f"{m}.experts.{e}.{u}", W, H, False)
+            linear(f"{m}.experts.{e}.{d}", H, W, False)
+        if s["shared_inter"]:
+            linear(m + ".shared_experts.gate_proj", s["shared_inter"], H, False)
+            linear(m + ".shared_experts.up_proj", s["shared_inter"], H, False)
+            linear(m + ".shared_experts.down_proj", H, s["shared_inter"], False)
 
     add("model.embed_tokens.weight", [V, H], "embedding")
     for l in range(s["layers"]):
@@ -225,8 +284,15 @@ def tensor_layout(s):
 
 
 def decays(name, shape, kind):
-    """AdamW weight-decay rule used by the fixtures: 2-D weights that are not embeddings."""
+    """AdamW weight-decay rule used by the fixtures: 2-D weights that are not embeddings
+    (the MoE router's gate.weight included)."""
     return len(shape) == 2 and kind != "embedding"
+
+
+def trainable(kind):
+    """Buffers (e_score_correction_bias, a registered buffer in HF) get no gradient and no
+    optimizer update."""
+    return kind != "buffer"
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +359,7 @@ def rope_inv_freq(s, dtype=torch.float64):
     _compute_llama3_parameters, for "yarn" _compute_yarn_parameters. Computed in float64 here
     (HF computes inv_freq in fp32; difference ~1e-7 relative). The rotated width is head_dim, or
     qk_rope_head_dim for MLA (DeepseekV3Config sets head_dim = qk_rope_head_dim for RoPE)."""
-    dim = s.get("rope_dim", s["head_dim"])
+    dim = s.get("rope_dim") or s.get("rotary_dim") or s["head_dim"]  # rotary_dim: partial (Glm4Moe)
     base = s["rope"]["theta"]
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
     sc = s["rope"]["scaling"]
@@ -357,8 +423,16 @@ def rotate_half(x):
 
 
 def apply_rotary_pos_emb(q, k, cos, sin):
-    """modeling_llama.apply_rotary_pos_emb, q/k [B, heads, T, hd], cos/sin [T, hd]."""
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+    """modeling_llama.apply_rotary_pos_emb, q/k [B, heads, T, hd], cos/sin [T, rd]. With rd < hd
+    (modeling_glm4_moe.apply_rotary_pos_emb) only the first rd dims rotate; the rest pass."""
+    rd = cos.shape[-1]
+    if rd == q.shape[-1]:
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+    q_rot, q_pass = q[..., :rd], q[..., rd:]
+    k_rot, k_pass = k[..., :rd], k[..., rd:]
+    q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)
+    k_embed = torch.cat([(k_rot * cos) + (rotate_half(k_rot) * sin), k_pass], dim=-1)
+    return q_embed, k_embed
 
 
 def repeat_kv(x, n_rep):
@@ -477,12 +551,79 @@ def gated_mlp(s, p, prefix, x):
     return proj("down_proj", activation(s["act"], proj("gate_proj", x)) * proj("up_proj", x))
 
 
+# Smallest selection margin seen by moe_block since the last reset: fixtures must not sit near a
+# routing tie (keel computes the router in fp32).
+ROUTING_MARGIN = [float("inf")]
+
+
+def _kth_gap(v, k):
+    """Per row: (k-th largest) - ((k+1)-th largest)."""
+    top = torch.topk(v, k + 1, dim=-1)[0]
+    return (top[:, k - 1] - top[:, k]).min().item()
+
+
+def moe_block(s, p, prefix, x):
+    """MixtralSparseMoeBlock.forward / Qwen3MoeSparseMoeBlock.forward (softmax over experts, top-k,
+    renormalized when norm_topk_prob / always for Mixtral) and Glm4MoeMoE / DeepseekV3MoE.forward
+    with DeepseekV3TopkRouter (sigmoid scores; e_score_correction_bias added for selection only;
+    group score = sum of the top-2 biased scores per group; topk_group groups kept, the others
+    masked_fill(0.0); top-k of the rest; weights = scores gathered, / (sum + 1e-20) when
+    norm_topk_prob, * routed_scaling_factor; plus shared_experts(x))."""
+    B, T, H = x.shape
+    h = x.reshape(-1, H)
+    E, k = s["experts"], s["top_k"]
+    logits = F.linear(h, p[prefix + ".gate.weight"])
+    if s["router"] == "softmax":
+        probs = torch.softmax(logits, dim=-1)
+        weights, idx = torch.topk(probs, k, dim=-1)
+        ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(probs.detach(), k))
+        if s["norm_topk"]:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    else:
+        scores = logits.sigmoid()
+        with torch.no_grad():
+            choice = scores + p[prefix + ".gate.e_score_correction_bias"].unsqueeze(0)
+            ng, tg = s["n_group"], s["topk_group"]
+            group_scores = choice.view(-1, ng, E // ng).topk(2, dim=-1)[0].sum(dim=-1)
+            if tg < ng:
+                ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(group_scores, tg))
+            group_idx = torch.topk(group_scores, k=tg, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores)
+            group_mask.scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(-1, ng, E // ng).reshape(-1, E)
+            choice = choice.masked_fill(~score_mask.bool(), 0.0)
+            ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(choice, k))
+            idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, idx)
+        if s["norm_topk"]:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * s["scaling"]
+    g, u, d = s["expert_names"]
+    out = torch.zeros_like(h)
+    for e in range(E):
+        token_idx, slot = torch.where(idx == e)
+        if token_idx.numel() == 0:
+            continue
+        xe = h[token_idx]
+        pe = f"{prefix}.experts.{e}."
+        ye = F.linear(activation(s["act"], F.linear(xe, p[pe + g + ".weight"])) * F.linear(xe, p[pe + u + ".weight"]),
+                      p[pe + d + ".weight"])
+        out = out.index_add(0, token_idx, ye * weights[token_idx, slot].unsqueeze(-1))
+    out = out.view(B, T, H)
+    if s["shared_inter"]:
+        out = out + gated_mlp(s, p, prefix + ".shared_experts", x)
+    return out
+
+
 def decoder_layer(s, p, l, x, cos, sin, stats):
     """LlamaDecoderLayer.forward for "pre"; keel's "post" and Gemma2DecoderLayer's "sandwich"."""
     pre = f"model.layers.{l}"
     attend = mla_attention if "mla" in s else decoder_attention
     attn = lambda t: attend(s, p, pre + ".self_attn", t, cos, sin, stats)  # noqa: E731
-    mlp = lambda t: gated_mlp(s, p, pre + ".mlp", t)  # noqa: E731
+    if l in s.get("moe_layers", []):
+        mlp = lambda t: moe_block(s, p, f"{pre}.{s['moe_prefix']}", t)  # noqa: E731
+    else:
+        mlp = lambda t: gated_mlp(s, p, pre + ".mlp", t)  # noqa: E731
     norm = lambda name, t: apply_norm(s, p, f"{pre}.{name}", t)  # noqa: E731
     if s["placement"] == "pre":
         x = x + attn(norm("input_layernorm", x))

@@ -224,10 +224,13 @@ TEST_F(ModelCli, MlaDenseInitEvalGradTrain) {
   EXPECT_LT(nlohmann::json::parse(e2.out)["loss"].get<double>(), initial - 2.0);
 }
 
-TEST_F(ModelCli, MoeFamiliesAreInspectableButNotYetTrainable) {
-  expect_error("init --config " + source_path("configs/tiny/deepseek_v3.json") + " --seed 1 --out " + path("x"),
-               "cannot train MoE");
-  EXPECT_FALSE(fs::exists(path("x") + "/model.safetensors"));
+TEST_F(ModelCli, MlaMoeFamiliesInit) {
+  // DeepSeek-V3 (MLA attention + routed experts with the correction bias) now builds.
+  init("deepseek_v3.json", "x");
+  auto weights = io::SafetensorsFile::open(path("x") + "/model.safetensors");
+  EXPECT_NE(weights.find("model.layers.1.mlp.experts.0.gate_proj.weight"), nullptr);
+  EXPECT_NE(weights.find("model.layers.1.mlp.gate.e_score_correction_bias"), nullptr);
+  EXPECT_NE(weights.find("model.layers.1.self_attn.kv_b_proj.weight"), nullptr);
 }
 
 }  // namespace

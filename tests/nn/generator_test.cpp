@@ -96,7 +96,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qknorm_qkvbias", "llama.json", {"keel.qk_norm=true", "keel.qkv_bias=true"}},
                       Case{"softcaps", "llama.json", {"keel.attn_softcap=5", "keel.final_softcap=3"}},
                       Case{"llama_bias_geglu", "llama.json", {"attention_bias=true", "mlp_bias=true", "hidden_act=gelu"}},
-                      Case{"partial_rotary", "qwen3.json", {"partial_rotary_factor=0.5"}}),
+                      Case{"partial_rotary", "qwen3.json", {"partial_rotary_factor=0.5"}},
+                      Case{"mixtral_moe", "mixtral.json", {}}, Case{"qwen3_moe", "qwen3_moe.json", {}},
+                      Case{"glm4_moe_grouped", "glm4_moe.json", {"n_group=2", "topk_group=1"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 class GeneratorSampling : public ::testing::Test {

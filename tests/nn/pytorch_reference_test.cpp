@@ -184,5 +184,14 @@ TEST(PytorchReferenceFixtures, EveryDenseFamilyHasOne) {
   }
 }
 
+TEST(PytorchReferenceFixtures, EveryTrainableMoeFamilyHasOne) {
+  // Softmax routers (renormalized and raw top-k) and the DeepSeek-V3 sigmoid, group-limited
+  // router with correction bias and shared experts (glm4_moe: standard attention).
+  auto names = fixture_names();
+  for (const char* family : {"mixtral", "qwen3_moe", "glm4_moe"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), family), names.end()) << "missing fixture " << family;
+  }
+}
+
 }  // namespace
 }  // namespace keel::nn

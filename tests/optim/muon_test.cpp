@@ -403,3 +403,56 @@ TEST(Muon, NesterovMomentumTwoSteps) {
 
 }  // namespace
 }  // namespace keel::optim
+
+namespace keel::optim {
+namespace {
+
+// MoE: each expert's gate/up/down is its own HF tensor and so its own Muon matrix (one
+// Newton–Schulz per expert, never over a stack of experts); the router and the correction
+// bias stay out of Muon, the bias out of every optimizer.
+TEST(MuonMoe, EachExpertIsOrthogonalizedOnItsOwnAndTheRouterUsesAdamW) {
+  arch::ModelSpec spec = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/glm4_moe.json");
+  nn::TransformerModel model(spec);
+  model.initialize(1);
+  auto& store = model.parameters();
+  Muon muon(store, MuonConfig{});
+  const std::string m = "model.layers.1.mlp.";
+  EXPECT_FALSE(muon.uses_muon(m + "gate.weight"));
+  EXPECT_TRUE(muon.uses_muon(m + "experts.0.gate_proj.weight"));
+  EXPECT_TRUE(muon.uses_muon(m + "experts.7.down_proj.weight"));
+  EXPECT_TRUE(muon.uses_muon(m + "shared_experts.up_proj.weight"));
+  auto in = [&](const std::vector<size_t>& list, const std::string& name) {
+    return std::any_of(list.begin(), list.end(), [&](size_t i) { return store.entries()[i].name == name; });
+  };
+  EXPECT_TRUE(in(muon.adamw_entries(), m + "gate.weight"));
+  EXPECT_FALSE(in(muon.adamw_entries(), m + "gate.e_score_correction_bias"));
+  EXPECT_FALSE(in(muon.muon_entries(), m + "gate.e_score_correction_bias"));
+
+  // One step from zero momentum: expert 3's up_proj moves by exactly -lr·scale·NS5(G·(1+β))
+  // of its own gradient, whatever the other experts' gradients are.
+  auto grads = gaussian(store.size(), 9);
+  std::copy(grads.begin(), grads.end(), store.grads().begin());
+  const std::string name = m + "experts.3.up_proj.weight";
+  const nn::ParamInfo* p = store.find(name);
+  const int64_t rows = p->shape[0], cols = p->shape[1];
+  std::vector<float> before(store.data(name), store.data(name) + p->numel);
+  float* bias = store.data(m + "gate.e_score_correction_bias");
+  bias[2] = 0.25f;
+  std::vector<float> u(static_cast<size_t>(p->numel)), o(u.size()),
+      ws(static_cast<size_t>(newton_schulz_workspace_floats(rows, cols)));
+  for (int64_t i = 0; i < p->numel; ++i) u[static_cast<size_t>(i)] = store.grad(name)[i] * (1.0f + 0.95f);
+  newton_schulz5(u.data(), o.data(), rows, cols, ws.data(), 5);
+  const float lr = 0.01f;
+  muon.step(store, lr);
+  const float scale = muon.update_scale(rows, cols), decay = 1.0f - lr * 0.1f;
+  double worst = 0;
+  for (int64_t i = 0; i < p->numel; ++i) {
+    const double want = before[static_cast<size_t>(i)] * decay - lr * scale * o[static_cast<size_t>(i)];
+    worst = std::max(worst, std::fabs(store.data(name)[i] - want));
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_EQ(bias[2], 0.25f) << "the optimizer must not touch the correction bias";
+}
+
+}  // namespace
+}  // namespace keel::optim

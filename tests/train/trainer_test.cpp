@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "../cli/cli_test_util.hpp"
 #include "keel/core/rng.hpp"
 #include "keel/data/shards.hpp"
+#include "keel/io/safetensors.hpp"
 #include "keel/train/run_dir.hpp"
 
 namespace keel::train {
@@ -179,6 +181,77 @@ TEST_F(Trainer, MuonRunLearnsAndResumesExactly) {
                                  " --set run.steps=14 --set optimizer.name=adamw");
   EXPECT_EQ(wrong.status, 2);
   EXPECT_NE(wrong.err.find("muon"), std::string::npos) << wrong.err;
+}
+
+TEST_F(Trainer, MoeRunLearnsLogsRoutingAndResumesExactly) {
+  // GLM-4.5's router (sigmoid, 2 groups, correction bias, shared expert) at a high bias speed,
+  // with Muon on the experts: the run learns, logs per-layer expert load and router entropy,
+  // moves the correction bias, and a stop-and-resume reproduces it bit for bit.
+  std::ofstream(dir_ / "moe.toml") << "[run]\nsteps = 24\nout = \"" << (dir_ / "unused").string()
+                                   << "\"\nseed = 3\nlog_every = 10\n"
+                                      "[model]\nconfig = \"" << testing::source_path("configs/tiny/glm4_moe.json")
+                                   << "\"\nset = [\"vocab_size=64\", \"hidden_size=32\", \"intermediate_size=64\", "
+                                      "\"moe_intermediate_size=16\", \"head_dim=8\", \"n_group=2\", \"topk_group=1\"]\n"
+                                      "[data]\ndataset = \"" << (dir_ / "data").string() << "\"\n"
+                                      "[batch]\nsequences = 4\nseq_len = 32\ngrad_accum = 2\n"
+                                      "[optimizer]\nname = \"muon\"\nlr = 0.02\nrouter_bias_update_speed = 0.01\n"
+                                      "[schedule]\nkind = \"constant\"\n"
+                                      "[eval]\nevery = 8\nbatches = 2\n"
+                                      "[checkpoint]\nevery = 8\nkeep = 3\n";
+  auto cmd = [&](const fs::path& out, const std::string& extra) {
+    return "train --config " + (dir_ / "moe.toml").string() + " --set run.out=" + out.string() + " " + extra;
+  };
+  auto full = testing::run_keel(cmd(dir_ / "full", ""));
+  ASSERT_EQ(full.status, 0) << full.err;
+  auto part = testing::run_keel(cmd(dir_ / "part", "--set run.steps=16"));
+  ASSERT_EQ(part.status, 0) << part.err;
+  auto rest = testing::run_keel("train --resume " + (dir_ / "part").string() + " --set run.steps=24");
+  ASSERT_EQ(rest.status, 0) << rest.err;
+  const auto a = metrics(dir_ / "full"), b = metrics(dir_ / "part");
+  ASSERT_EQ(a.size(), 24u);
+  ASSERT_EQ(b.size(), 24u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << "step " << i + 1;
+    EXPECT_EQ(a[i]["expert_load"].dump(), b[i]["expert_load"].dump()) << "step " << i + 1;
+  }
+  EXPECT_LT(a[23]["loss"].get<double>(), a[0]["loss"].get<double>() - 1.0);
+  // Layer 0 is dense (first_k_dense_replace = 1): null; layer 1 has 8 shares summing to 1.
+  for (const auto& line : a) {
+    ASSERT_EQ(line["expert_load"].size(), 2u);
+    EXPECT_TRUE(line["expert_load"][0].is_null());
+    EXPECT_TRUE(line["router_entropy"][0].is_null());
+    ASSERT_EQ(line["expert_load"][1].size(), 8u);
+    double total = 0;
+    for (const auto& share : line["expert_load"][1]) total += share.get<double>();
+    EXPECT_NEAR(total, 1.0, 1e-6);
+    const double h = line["router_entropy"][1].get<double>();
+    EXPECT_GT(h, 0.0);
+    EXPECT_LE(h, std::log(8.0) + 1e-9);
+  }
+  // The bias moved by whole steps of the speed, and is what the checkpoint holds.
+  auto f = io::SafetensorsFile::open(complete_checkpoints((dir_ / "full").string()).back() + "/model.safetensors");
+  auto bias = f.read_f32("model.layers.1.mlp.gate.e_score_correction_bias");
+  double moved = 0;
+  for (float v : bias) {
+    moved += std::fabs(v);
+    const double steps = v / 0.01;
+    EXPECT_NEAR(steps, std::round(steps), 1e-3) << v;
+  }
+  EXPECT_GT(moved, 0.0);
+  // Speed 0 turns the update off.
+  auto off = testing::run_keel(cmd(dir_ / "off", "--set run.steps=2 --set optimizer.router_bias_update_speed=0"));
+  ASSERT_EQ(off.status, 0) << off.err;
+  auto g = io::SafetensorsFile::open(complete_checkpoints((dir_ / "off").string()).back() + "/model.safetensors");
+  for (float v : g.read_f32("model.layers.1.mlp.gate.e_score_correction_bias")) EXPECT_EQ(v, 0.0f);
+}
+
+TEST_F(Trainer, DenseRunsLogNoRouting) {
+  auto r = testing::run_keel(run_cmd((dir_ / "run").string(), "--set run.steps=2"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto m = metrics(dir_ / "run");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_FALSE(m[0].contains("expert_load"));
+  EXPECT_FALSE(m[0].contains("router_entropy"));
 }
 
 TEST_F(Trainer, QkClipCapsTheLogitsItSees) {

@@ -167,6 +167,7 @@ void train_on_token_file(const std::string& model_dir, const std::string& tokens
     cursor += per_step;
     double norm = clip > 0 ? optim::clip_grad_norm(store.grads(), clip) : optim::global_grad_norm(store.grads());
     adamw.step(store, lr);
+    m.model->update_router_bias(0.001f);  // MoE correction biases at the run config's default speed
     if (step % log_every == 0 || step == steps) {
       std::printf("step %lld  loss %.6f  grad_norm %.4f\n", static_cast<long long>(step), ce + m.model->spec().z_loss * z,
                   norm);

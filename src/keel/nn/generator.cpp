@@ -47,6 +47,7 @@ void reserve_rows(std::vector<float>& cache, int64_t rows, int64_t width, int64_
 
 Generator::Generator(const TransformerModel& model)
     : spec_(model.spec()),
+      store_(&model.parameters()),
       gpt2_(spec_.family == arch::Family::Gpt2),
       hidden_(spec_.hidden_size),
       heads_(spec_.attention.num_heads),
@@ -123,6 +124,10 @@ Generator::Generator(const TransformerModel& model)
     if (a.qk_norm) {
       L.q_norm = find_param(store, at + "q_norm.weight");
       L.k_norm = find_param(store, at + "k_norm.weight");
+    }
+    if (spec_.is_moe_layer(l)) {
+      L.moe = model.moe_layer(l);
+      continue;
     }
     L.w_gate = find_param(store, mp + "gate_proj.weight");
     L.w_up = find_param(store, mp + "up_proj.weight");
@@ -235,6 +240,10 @@ void Generator::attention(Layer& L, const float* x, float* y, int64_t n) {
 }
 
 void Generator::mlp(const Layer& L, const float* x, float* y, int64_t n) {
+  if (L.moe != nullptr) {
+    L.moe->infer(*store_, x, y, n);
+    return;
+  }
   const int64_t width = spec_.mlp.intermediate_size;
   const auto act = to_kernel_activation(spec_.mlp.activation);
   std::vector<float> up(static_cast<size_t>(n * width)), h(static_cast<size_t>(n * width));

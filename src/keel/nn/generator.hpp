@@ -49,6 +49,7 @@ class Generator {
     const float *wo = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     const float *w_gate = nullptr, *b_gate = nullptr, *w_up = nullptr, *b_up = nullptr, *w_down = nullptr,
                 *b_down = nullptr;
+    const Moe* moe = nullptr;  // routed experts instead of the dense MLP
     std::vector<float> k_cache, v_cache;  // (max_positions, kv_heads, head_dim)
   };
 
@@ -60,6 +61,7 @@ class Generator {
   void mlp(const Layer& layer, const float* x, float* y, int64_t n);
 
   arch::ModelSpec spec_;
+  const ParameterStore* store_;
   bool gpt2_;
   int64_t hidden_, heads_, kv_heads_, head_dim_;
   kernels::RopeTable rope_;

@@ -74,10 +74,14 @@ Block::Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, 
       attn_norms_(make_sublayer(store, spec, layer, true)),
       mlp_norms_(make_sublayer(store, spec, layer, false)),
       attention_(make_attention(store, spec, layer, rope)),
-      mla_(make_mla(store, spec, layer, rope)),
-      mlp_(store,
-           (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer) + ".mlp",
-           spec) {}
+      mla_(make_mla(store, spec, layer, rope)) {
+  const std::string p = (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer);
+  if (spec.is_moe_layer(layer)) {
+    moe_.emplace(store, p + (spec.family == arch::Family::Mixtral ? ".block_sparse_moe" : ".mlp"), spec);
+  } else {
+    mlp_.emplace(store, p + ".mlp", spec);
+  }
+}
 
 float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
   const int64_t n = s.tokens();
@@ -93,7 +97,9 @@ float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
-  return run(mlp_norms_, x1, [&](const float* in) { return mlp_.forward(store, arena, in, n); });
+  return run(mlp_norms_, x1, [&](const float* in) {
+    return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
+  });
 }
 
 float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
@@ -124,7 +130,10 @@ float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, c
     }
     return dx;
   };
-  float* dx1 = run(mlp_norms_, dout, [&](const float* dy, float* dx) { mlp_.backward(store, arena, dy, dx, n); });
+  float* dx1 = run(mlp_norms_, dout, [&](const float* dy, float* dx) {
+    if (mlp_) mlp_->backward(store, arena, dy, dx, n);
+    else moe_->backward(store, arena, dy, dx, n);
+  });
   return run(attn_norms_, dx1, [&](const float* dy, float* dx) {
     if (attention_) attention_->backward(store, arena, dy, dx, s);
     else mla_->backward(store, arena, dy, dx, s);
@@ -135,13 +144,6 @@ float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, c
 // TransformerModel
 
 TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
-    if (spec.is_moe_layer(l)) {
-      throw Error(spec.source, "model_type",
-                  "keel can inspect " + spec.model_type + " but cannot train MoE blocks yet (layer " +
-                      std::to_string(l) + " has routed experts)");
-    }
-  }
   const bool gpt2 = spec.family == arch::Family::Gpt2;
   const int64_t h = spec.hidden_size;
   embed_ = store_.add(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {spec.vocab_size, h}, Init::Normal,
@@ -163,6 +165,14 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
   store_.finalize();
   max_logits_.assign(static_cast<size_t>(spec.num_layers * spec.attention.num_heads),
                      -std::numeric_limits<float>::infinity());
+  expert_load_.assign(static_cast<size_t>(spec.num_layers * spec.moe.num_experts), 0.0f);
+  router_entropy_.assign(static_cast<size_t>(spec.num_layers), 0.0f);
+}
+
+void TransformerModel::update_router_bias(float speed) {
+  for (auto& b : blocks_) {
+    if (Moe* m = b->moe()) m->update_score_bias(store_, speed);
+  }
 }
 
 void TransformerModel::initialize(uint64_t seed) {
@@ -192,6 +202,10 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   const int64_t heads = spec_.attention.num_heads;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = blocks_[l]->forward(store_, arena_, x, s, max_logits_.data() + l * heads);
+    if (const Moe* m = blocks_[l]->moe()) {
+      std::copy(m->load().begin(), m->load().end(), expert_load_.begin() + static_cast<int64_t>(l) * m->experts());
+      router_entropy_[l] = static_cast<float>(m->entropy());
+    }
   }
   last_block_out_ = x;
   return final_norm_ ? final_norm_->forward(store_, arena_, x, n) : x;
@@ -203,6 +217,9 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
   const int64_t n = s.tokens(), h = spec_.hidden_size;
   const size_t size = static_cast<size_t>(n * h);
   float* hf = forward_hidden(tokens, s);
+  for (auto& b : blocks_) {
+    if (Moe* m = b->moe()) m->accumulate_counts();  // training routing steers the bias update
+  }
   float* dhf = arena_.alloc_zeroed(size);
   float* dw = store_.grad(lm_head_.valid() ? lm_head_ : embed_);
   auto r = kernels::lm_head_cross_entropy(hf, lm_head_weight(), targets, n, h, spec_.vocab_size,

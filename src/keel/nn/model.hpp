@@ -12,6 +12,7 @@
 #include "keel/kernels/rope.hpp"
 #include "keel/nn/mla_attention.hpp"
 #include "keel/nn/modules.hpp"
+#include "keel/nn/moe.hpp"
 #include "keel/nn/parameters.hpp"
 
 namespace keel::nn {
@@ -29,19 +30,23 @@ class Block {
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   // dout: (n, hidden) -> returns dx (n, hidden) from the arena.
   float* backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
+  // The routed-expert FFN of an MoE layer, null for a dense one.
+  Moe* moe() { return moe_ ? &*moe_ : nullptr; }
+  const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
 
  private:
   int64_t hidden_;
   Sublayer attn_norms_, mlp_norms_;
-  // Exactly one is set: MHA/GQA/MQA, or MLA (DeepSeek-V3 / Kimi K2).
+  // Exactly one attention: MHA/GQA/MQA, or MLA (DeepSeek-V3 / Kimi K2).
   std::optional<Attention> attention_;
   std::optional<MlaAttention> mla_;
-  Mlp mlp_;
+  // Exactly one FFN: a dense MLP or routed experts (spec.is_moe_layer).
+  std::optional<Mlp> mlp_;
+  std::optional<Moe> moe_;
 };
 
 class TransformerModel {
  public:
-  // Throws keel::Error for what keel cannot train yet (MoE layers).
   explicit TransformerModel(const arch::ModelSpec& spec);
 
   const arch::ModelSpec& spec() const { return spec_; }
@@ -62,6 +67,15 @@ class TransformerModel {
 
   // Per layer and query head, the max scaled pre-softmax logit of the last forward: (layers, heads).
   const std::vector<float>& max_logits() const { return max_logits_; }
+  // MoE layers, of the last forward: each expert's share of the token assignments, (layers,
+  // experts) with zero rows for dense layers; mean router entropy (nats) per layer, 0 for dense.
+  const std::vector<float>& expert_load() const { return expert_load_; }
+  const std::vector<float>& router_entropy() const { return router_entropy_; }
+  // After each optimizer step: the auxiliary-loss-free bias update (DeepSeek-V3 §2.1.2) of every
+  // e_score_correction_bias from the routing of the forward_backward calls since the last one.
+  void update_router_bias(float speed);
+  // The routed-expert FFN of a layer, null for a dense layer.
+  const Moe* moe_layer(int64_t layer) const { return blocks_[static_cast<size_t>(layer)]->moe(); }
   size_t activation_capacity_bytes() const { return arena_.capacity_floats() * sizeof(float); }
 
  private:
@@ -77,6 +91,7 @@ class TransformerModel {
   std::optional<Norm> final_norm_;
   Arena arena_;
   std::vector<float> max_logits_;
+  std::vector<float> expert_load_, router_entropy_;
   const int32_t* tokens_ = nullptr;
   float* last_block_out_ = nullptr;
 };

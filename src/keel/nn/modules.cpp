@@ -195,12 +195,12 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
 // ---------------------------------------------------------------------------------------------
 // Mlp
 
-Mlp::Mlp(ParameterStore& store, const std::string& p, const arch::ModelSpec& spec)
+Mlp::Mlp(ParameterStore& store, const std::string& p, const arch::ModelSpec& spec, int64_t width)
     : gpt2_(spec.family == arch::Family::Gpt2),
       gated_(spec.mlp.kind == arch::FfnKind::Gated),
-      bias_(spec.mlp.bias),
+      bias_(width > 0 ? false : spec.mlp.bias),
       hidden_(spec.hidden_size),
-      width_(spec.mlp.intermediate_size),
+      width_(width > 0 ? width : spec.mlp.intermediate_size),
       act_(to_kernel_activation(spec.mlp.activation)) {
   if (gpt2_) {
     w_up_ = store.add(p + ".c_fc.weight", {hidden_, width_}, Init::Normal, true, true);

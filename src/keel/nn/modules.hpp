@@ -71,8 +71,8 @@ class Attention {
 class Mlp {
  public:
   // Gated (SwiGLU/GeGLU/ReGLU) with HF names gate_proj/up_proj/down_proj, or GPT-2's plain
-  // c_fc/c_proj MLP.
-  Mlp(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec);
+  // c_fc/c_proj MLP. width > 0: an expert-shaped MLP (MoE shared experts) of that width, no biases.
+  Mlp(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec, int64_t width = 0);
   float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n);
 

@@ -25,6 +25,12 @@ ParamRef ParameterStore::add(const std::string& name, std::vector<int64_t> shape
   return {info.offset, info.numel};
 }
 
+ParamRef ParameterStore::add_buffer(const std::string& name, std::vector<int64_t> shape) {
+  ParamRef r = add(name, std::move(shape), Init::Zeros, false, false);
+  entries_.back().buffer = true;
+  return r;
+}
+
 void ParameterStore::finalize() {
   KEEL_CHECK(!finalized_);
   values_.resize(static_cast<size_t>(total_));

@@ -22,6 +22,7 @@ struct ParamInfo {
   Init init = Init::Normal;
   bool weight_decay = false;  // AdamW default: matrices decay; norms, biases, embeddings do not
   bool matrix = false;        // a 2-D hidden weight (Muon candidate)
+  bool buffer = false;        // state saved with the model but never moved by an optimizer
 };
 
 struct ParamRef {
@@ -33,6 +34,9 @@ struct ParamRef {
 class ParameterStore {
  public:
   ParamRef add(const std::string& name, std::vector<int64_t> shape, Init init, bool weight_decay, bool matrix = false);
+  // A zero-initialized buffer (e.g. MoE's e_score_correction_bias): checkpointed and saved
+  // under its name like a parameter, skipped by the optimizers; its gradient stays zero.
+  ParamRef add_buffer(const std::string& name, std::vector<int64_t> shape);
   // Allocates values and gradients (zeroed). No add() after this.
   void finalize();
   bool finalized() const { return finalized_; }

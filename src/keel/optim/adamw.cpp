@@ -27,6 +27,7 @@ void AdamW::step(nn::ParameterStore& store, float lr, std::span<const size_t> en
 
 void AdamW::update(nn::ParameterStore& store, const nn::ParamInfo& p, float lr, float step_size,
                    float inv_sqrt_bias2) {
+  if (p.buffer) return;  // e.g. MoE's correction bias: moved by its own rule, not by gradients
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
   const float decay = p.weight_decay ? 1.0f - lr * config_.weight_decay : 1.0f;
   float* w = store.values().data() + p.offset;

@@ -52,6 +52,7 @@ Muon::Muon(const nn::ParameterStore& store, MuonConfig config)
   const auto& entries = store.entries();
   for (size_t i = 0; i < entries.size(); ++i) {
     const nn::ParamInfo& p = entries[i];
+    if (p.buffer) continue;  // neither group: buffers are not optimized
     bool muon = p.matrix;
     if (any_match(config_.force_adamw, p.name)) {
       muon = false;

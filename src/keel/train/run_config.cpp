@@ -173,6 +173,7 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
     opt.fail("muon_scaling", "unknown scaling '" + c.muon_scaling + "'; supported: moonlight, keller_jordan, update_norm");
   }
   c.qk_clip_tau = opt.non_negative("qk_clip_tau", c.qk_clip_tau);
+  c.router_bias_update_speed = opt.non_negative("router_bias_update_speed", c.router_bias_update_speed);
   c.adamw_patterns = opt.strings("adamw_patterns");
   c.muon_patterns = opt.strings("muon_patterns");
   c.lr = opt.non_negative("lr", c.lr);
@@ -271,6 +272,7 @@ std::string to_toml(const RunConfig& c) {
   root.insert("optimizer", toml::table{{"name", c.optimizer}, {"lr", c.lr}, {"beta1", c.beta1}, {"beta2", c.beta2},
                                         {"eps", c.eps}, {"weight_decay", c.weight_decay}, {"clip", c.clip},
                                         {"momentum", c.momentum}, {"muon_scaling", c.muon_scaling}, {"qk_clip_tau", c.qk_clip_tau},
+                                        {"router_bias_update_speed", c.router_bias_update_speed},
                                         {"adamw_patterns", adamw_patterns}, {"muon_patterns", muon_patterns}});
   const char* kinds[] = {"constant", "warmup", "cosine", "warmup_hold_cosine", "wsd"};
   const char* shapes[] = {"linear", "cosine", "1-sqrt"};

@@ -34,6 +34,9 @@ struct RunConfig {
   std::vector<std::string> adamw_patterns;  // Muon: parameter-name patterns forced to AdamW
   std::vector<std::string> muon_patterns;   // Muon: parameter-name patterns forced to Muon
   double qk_clip_tau = 0;                 // QK-Clip after each step (Kimi K2, MuonClip); 0 = off
+  // MoE routers with e_score_correction_bias: auxiliary-loss-free balancing speed γ after each
+  // step (DeepSeek-V3 §2.1.2; 0.001 as in §4.2); 0 = off
+  double router_bias_update_speed = 0.001;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double clip = 1.0;                      // 0 = off
   // [schedule]

@@ -187,6 +187,8 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
   const int64_t heads = spec.attention.num_heads;
   std::vector<int32_t> tokens, targets;
   std::vector<float> step_max(static_cast<size_t>(spec.num_layers * heads));
+  const int64_t experts = spec.moe.enabled ? spec.moe.num_experts : 0;
+  std::vector<double> step_load(static_cast<size_t>(spec.num_layers * experts)), step_entropy(static_cast<size_t>(spec.num_layers));
   double last_loss = std::numeric_limits<double>::quiet_NaN(), last_val = std::numeric_limits<double>::quiet_NaN();
   const auto run_start = std::chrono::steady_clock::now();
   const int64_t first_step = state.step;
@@ -202,6 +204,8 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
     const int64_t predicted = accum * c.sequences * c.seq_len;
     store.zero_grad();
     std::fill(step_max.begin(), step_max.end(), -std::numeric_limits<float>::infinity());
+    std::fill(step_load.begin(), step_load.end(), 0.0);
+    std::fill(step_entropy.begin(), step_entropy.end(), 0.0);
     double ce = 0, z = 0;
     for (int64_t a = 0; a < accum; ++a) {
       sampler.fill(state.sequences, c.sequences, tokens, targets);
@@ -212,6 +216,11 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
       z += r.z_sum;
       const auto& ml = model.max_logits();
       for (size_t i = 0; i < step_max.size(); ++i) step_max[i] = std::max(step_max[i], ml[i]);
+      // Micro-batches hold equal token counts, so the mean of their shares is the step's share.
+      for (size_t i = 0; i < step_load.size(); ++i) step_load[i] += model.expert_load()[i] / static_cast<double>(accum);
+      if (experts > 0) {
+        for (size_t i = 0; i < step_entropy.size(); ++i) step_entropy[i] += model.router_entropy()[i] / static_cast<double>(accum);
+      }
     }
     const double loss = (ce + spec.z_loss * z) / static_cast<double>(predicted);
     if (!std::isfinite(loss)) {
@@ -221,6 +230,8 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
     const double grad_norm = c.clip > 0 ? optim::clip_grad_norm(store.grads(), c.clip) : optim::global_grad_norm(store.grads());
     const double lr = lr_at(c.schedule, step, state.tokens);
     optimizer_step(static_cast<float>(lr));
+    // Auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2): after the update, from this step's routing.
+    if (experts > 0) model.update_router_bias(static_cast<float>(c.router_bias_update_speed));
     // QK-Clip (Kimi K2 Algorithm 1): after the update, from this step's per-head max logits.
     int64_t clipped_heads = 0;
     if (c.qk_clip_tau > 0) {
@@ -248,6 +259,23 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
                  {"tokens_per_s", tps}, {"batch_sequences", accum * c.sequences},
                  {"max_logit", max_logit}, {"max_logit_per_head", per_head}};
     if (c.qk_clip_tau > 0) line["qk_clip_heads"] = clipped_heads;
+    if (experts > 0) {
+      // Per layer; dense layers (first_k_dense_replace, mlp_only_layers) are null.
+      json load = json::array(), entropy = json::array();
+      for (int64_t l = 0; l < spec.num_layers; ++l) {
+        if (!spec.is_moe_layer(l)) {
+          load.push_back(nullptr);
+          entropy.push_back(nullptr);
+          continue;
+        }
+        json row = json::array();
+        for (int64_t e = 0; e < experts; ++e) row.push_back(step_load[static_cast<size_t>(l * experts + e)]);
+        load.push_back(row);
+        entropy.push_back(step_entropy[static_cast<size_t>(l)]);
+      }
+      line["expert_load"] = load;
+      line["router_entropy"] = entropy;
+    }
     const bool eval_now = (c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps;
     if (eval_now) {
       last_val = evaluate(model, val_set, c);

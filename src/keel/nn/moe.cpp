@@ -1,0 +1,233 @@
+#include "keel/nn/moe.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "keel/core/error.hpp"
+#include "keel/kernels/linear.hpp"
+
+namespace keel::nn {
+
+kernels::RouterConfig router_config(const arch::MoeSpec& moe) {
+  kernels::RouterConfig c;
+  c.experts = moe.num_experts;
+  c.top_k = moe.experts_per_token;
+  c.normalize = moe.norm_topk_prob;
+  switch (moe.router) {
+    case arch::RouterKind::SoftmaxTopK:
+      c.score = kernels::RouterScore::Softmax;
+      break;
+    case arch::RouterKind::SigmoidGrouped:
+      c.score = kernels::RouterScore::Sigmoid;
+      c.scaling = static_cast<float>(moe.routed_scaling_factor);
+      c.n_group = moe.n_group;
+      c.topk_group = moe.topk_group;
+      break;
+  }
+  return c;
+}
+
+Moe::Moe(ParameterStore& store, const std::string& p, const arch::ModelSpec& spec)
+    : router_(router_config(spec.moe)),
+      hidden_(spec.hidden_size),
+      width_(spec.moe.expert_intermediate_size),
+      act_(to_kernel_activation(spec.mlp.activation)) {
+  const auto& moe = spec.moe;
+  const bool mixtral = spec.family == arch::Family::Mixtral;
+  // The router is a matrix but not a hidden one: it stays with AdamW (matrix = false).
+  gate_ = store.add(p + ".gate.weight", {moe.num_experts, hidden_}, Init::Normal, true, false);
+  if (moe.score_correction_bias) bias_ = store.add_buffer(p + ".gate.e_score_correction_bias", {moe.num_experts});
+  experts_.resize(static_cast<size_t>(moe.num_experts));
+  for (int64_t e = 0; e < moe.num_experts; ++e) {
+    const std::string q = p + ".experts." + std::to_string(e) + ".";
+    Expert& x = experts_[static_cast<size_t>(e)];
+    // Each expert's projections are separate HF tensors, so Muon orthogonalizes them one by one.
+    x.gate = store.add(q + (mixtral ? "w1" : "gate_proj") + ".weight", {width_, hidden_}, Init::Normal, true, true);
+    x.up = store.add(q + (mixtral ? "w3" : "up_proj") + ".weight", {width_, hidden_}, Init::Normal, true, true);
+    x.down = store.add(q + (mixtral ? "w2" : "down_proj") + ".weight", {hidden_, width_}, Init::Normal, true, true);
+  }
+  if (moe.num_shared_experts > 0) {
+    shared_.emplace(store, p + ".shared_experts", spec, moe.shared_intermediate_size);
+    auto ref = [&](const std::string& name) {
+      const ParamInfo* info = store.find(p + ".shared_experts." + name + ".weight");
+      KEEL_CHECK(info != nullptr);
+      return ParamRef{info->offset, info->numel};
+    };
+    shared_refs_ = {ref("gate_proj"), ref("up_proj"), ref("down_proj")};
+    shared_width_ = moe.shared_intermediate_size;
+  }
+  load_.assign(static_cast<size_t>(moe.num_experts), 0.0f);
+  pending_counts_.assign(static_cast<size_t>(moe.num_experts), 0);
+}
+
+void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, float* probs, float* weights,
+                        Routing& r, float* xg, float* g, float* u, float* h, float* ye) const {
+  const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
+  std::vector<float> logits(static_cast<size_t>(n * E));
+  kernels::linear_forward(x, store.data(gate_), nullptr, logits.data(), n, C, E);
+  r.indices.resize(static_cast<size_t>(rows));
+  kernels::router_forward(router_, logits.data(), bias_.valid() ? store.data(bias_) : nullptr, probs, r.indices.data(),
+                          weights, n);
+
+  // Group: a counting sort of the n·k assignments by expert, stable in (token, slot) order, so
+  // each expert's rows are contiguous and the layout is a pure function of the routing.
+  r.offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t a = 0; a < rows; ++a) ++r.offsets[static_cast<size_t>(r.indices[static_cast<size_t>(a)] + 1)];
+  for (int64_t e = 0; e < E; ++e) r.offsets[static_cast<size_t>(e + 1)] += r.offsets[static_cast<size_t>(e)];
+  r.row_token.resize(static_cast<size_t>(rows));
+  r.slot_row.resize(static_cast<size_t>(rows));
+  std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  for (int64_t a = 0; a < rows; ++a) {
+    const int64_t row = next[static_cast<size_t>(r.indices[static_cast<size_t>(a)])]++;
+    r.row_token[static_cast<size_t>(row)] = static_cast<int32_t>(a / k);
+    r.slot_row[static_cast<size_t>(a)] = row;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    std::memcpy(xg + row * C, x + static_cast<int64_t>(r.row_token[static_cast<size_t>(row)]) * C, C * sizeof(float));
+  }
+  // One GEMM per projection and expert over that expert's rows.
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    const Expert& w = experts_[static_cast<size_t>(e)];
+    kernels::linear_forward(xg + r0 * C, store.data(w.gate), nullptr, g + r0 * F, m, C, F);
+    kernels::linear_forward(xg + r0 * C, store.data(w.up), nullptr, u + r0 * F, m, C, F);
+    kernels::gated_forward(g + r0 * F, u + r0 * F, h + r0 * F, m * F, act_);
+    kernels::linear_forward(h + r0 * F, store.data(w.down), nullptr, ye + r0 * C, m, F, C);
+  }
+}
+
+void Moe::combine(const Routing& r, const float* weights, const float* ye, float* y, int64_t n) const {
+  const int64_t k = router_.top_k, C = hidden_;
+  // Per token, slots in order: a fixed summation order, no races.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    float* yt = y + t * C;
+    for (int64_t j = 0; j < k; ++j) {
+      const float w = weights[t * k + j];
+      const float* src = ye + r.slot_row[static_cast<size_t>(t * k + j)] * C;
+      for (int64_t c = 0; c < C; ++c) yt[c] += w * src[c];
+    }
+  }
+}
+
+float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
+  const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
+  x_ = x;
+  probs_ = arena.alloc(static_cast<size_t>(n * E));
+  weights_ = arena.alloc(static_cast<size_t>(rows));
+  xg_ = arena.alloc(static_cast<size_t>(rows * C));
+  g_ = arena.alloc(static_cast<size_t>(rows * F));
+  u_ = arena.alloc(static_cast<size_t>(rows * F));
+  h_ = arena.alloc(static_cast<size_t>(rows * F));
+  ye_ = arena.alloc(static_cast<size_t>(rows * C));
+  route_and_run(store, x, n, probs_, weights_, routing_, xg_, g_, u_, h_, ye_);
+  entropy_ = kernels::router_entropy(router_, probs_, n);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t count = routing_.offsets[static_cast<size_t>(e + 1)] - routing_.offsets[static_cast<size_t>(e)];
+    load_[static_cast<size_t>(e)] = rows ? static_cast<float>(count) / static_cast<float>(rows) : 0.f;
+  }
+  float* y = shared_ ? shared_->forward(store, arena, x, n) : arena.alloc_zeroed(static_cast<size_t>(n * C));
+  combine(routing_, weights_, ye_, y, n);
+  return y;
+}
+
+void Moe::infer(const ParameterStore& store, const float* x, float* y, int64_t n) const {
+  const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
+  auto buf = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
+  auto probs = buf(n * E), weights = buf(rows), xg = buf(rows * C), g = buf(rows * F), u = buf(rows * F),
+       h = buf(rows * F), ye = buf(rows * C);
+  Routing r;
+  route_and_run(store, x, n, probs.data(), weights.data(), r, xg.data(), g.data(), u.data(), h.data(), ye.data());
+  std::fill(y, y + n * C, 0.0f);
+  if (shared_) {
+    const int64_t S = shared_width_;
+    auto sg = buf(n * S), su = buf(n * S), sh = buf(n * S);
+    kernels::linear_forward(x, store.data(shared_refs_.gate), nullptr, sg.data(), n, C, S);
+    kernels::linear_forward(x, store.data(shared_refs_.up), nullptr, su.data(), n, C, S);
+    kernels::gated_forward(sg.data(), su.data(), sh.data(), n * S, act_);
+    kernels::linear_forward(sh.data(), store.data(shared_refs_.down), nullptr, y, n, S, C);
+  }
+  combine(r, weights.data(), ye.data(), y, n);
+}
+
+void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
+  const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
+  const Routing& r = routing_;
+  if (shared_) shared_->backward(store, arena, dy, dx, n);
+
+  // y_t = Σ_j w_tj·ye_r(t,j): dye_r = w·dy_t, dw_tj = dy_t·ye_r.
+  float* dye = arena.alloc(static_cast<size_t>(rows * C));
+  float* dweights = arena.alloc(static_cast<size_t>(rows));
+#pragma omp parallel for schedule(static)
+  for (int64_t a = 0; a < rows; ++a) {
+    const int64_t row = r.slot_row[static_cast<size_t>(a)];
+    const float* d = dy + (a / k) * C;
+    const float* ye = ye_ + row * C;
+    float* out = dye + row * C;
+    const float w = weights_[a];
+    float dot = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      out[c] = w * d[c];
+      dot += d[c] * ye[c];
+    }
+    dweights[a] = dot;
+  }
+
+  float* dh = arena.alloc_zeroed(static_cast<size_t>(rows * F));
+  float* dg = arena.alloc_zeroed(static_cast<size_t>(rows * F));
+  float* du = arena.alloc_zeroed(static_cast<size_t>(rows * F));
+  float* dxg = arena.alloc_zeroed(static_cast<size_t>(rows * C));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
+    if (m == 0) continue;
+    const Expert& w = experts_[static_cast<size_t>(e)];
+    kernels::linear_backward(h_ + r0 * F, store.data(w.down), dye + r0 * C, dh + r0 * F, store.grad(w.down), nullptr,
+                             m, F, C);
+    kernels::gated_backward(g_ + r0 * F, u_ + r0 * F, dh + r0 * F, dg + r0 * F, du + r0 * F, m * F, act_);
+    kernels::linear_backward(xg_ + r0 * C, store.data(w.gate), dg + r0 * F, dxg + r0 * C, store.grad(w.gate), nullptr,
+                             m, C, F);
+    kernels::linear_backward(xg_ + r0 * C, store.data(w.up), du + r0 * F, dxg + r0 * C, store.grad(w.up), nullptr, m,
+                             C, F);
+  }
+  // Scatter back per token, slots in order.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    float* d = dx + t * C;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* src = dxg + r.slot_row[static_cast<size_t>(t * k + j)] * C;
+      for (int64_t c = 0; c < C; ++c) d[c] += src[c];
+    }
+  }
+
+  // Router: through the selected weights only; the correction bias gets no gradient.
+  float* dlogits = arena.alloc_zeroed(static_cast<size_t>(n * E));
+  kernels::router_backward(router_, probs_, r.indices.data(), weights_, dweights, dlogits, n);
+  kernels::linear_backward(x_, store.data(gate_), dlogits, dx, store.grad(gate_), nullptr, n, C, E);
+}
+
+void Moe::accumulate_counts() {
+  for (int64_t e = 0; e < router_.experts; ++e) {
+    const auto& o = routing_.offsets;
+    pending_counts_[static_cast<size_t>(e)] += o.empty() ? 0 : o[static_cast<size_t>(e + 1)] - o[static_cast<size_t>(e)];
+  }
+}
+
+void Moe::update_score_bias(ParameterStore& store, float speed) {
+  if (bias_.valid() && speed != 0.0f) {
+    int64_t total = 0;
+    for (int64_t c : pending_counts_) total += c;
+    float* b = store.data(bias_);
+    const int64_t E = router_.experts;
+    // sign(mean − count_e) compared as E·count_e vs total: exact in integers.
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t scaled = E * pending_counts_[static_cast<size_t>(e)];
+      if (scaled < total) b[e] += speed;
+      else if (scaled > total) b[e] -= speed;
+    }
+  }
+  std::fill(pending_counts_.begin(), pending_counts_.end(), 0);
+}
+
+}  // namespace keel::nn
