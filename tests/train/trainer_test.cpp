@@ -153,7 +153,9 @@ TEST_F(Trainer, KilledAndResumedRunIsBitIdentical) {
       // Bit-identical: the doubles as printed (round-trip precision) are equal strings.
       EXPECT_EQ(resumed[i]["loss"].dump(), reference[i]["loss"].dump()) << name << " step " << i + 1;
       EXPECT_EQ(resumed[i]["grad_norm"].dump(), reference[i]["grad_norm"].dump()) << name << " step " << i + 1;
-      if (reference[i].contains("val_loss")) EXPECT_EQ(resumed[i]["val_loss"].dump(), reference[i]["val_loss"].dump());
+      if (reference[i].contains("val_loss")) {
+        EXPECT_EQ(resumed[i]["val_loss"].dump(), reference[i]["val_loss"].dump());
+      }
     }
   }
 }
