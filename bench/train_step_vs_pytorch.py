@@ -29,6 +29,10 @@ CASES = {
     "large": ("bench/configs/qwen3_large.json", 4, 512, "adamw"),
     "muon": ("bench/configs/qwen3_small.json", 8, 256, "muon"),
     "muon_large": ("bench/configs/qwen3_large.json", 4, 512, "muon"),
+    # Mixtral-style MoE (8 experts, top-2; PyTorch gathers each expert's tokens as HF does) and
+    # DeepSeek-V3-style MLA with dense MLPs.
+    "moe": ("bench/configs/mixtral_small.json", 8, 256, "adamw"),
+    "mla": ("bench/configs/mla_small.json", 8, 256, "adamw"),
 }
 MUON_SUFFIXES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
                  ".gate_proj.weight", ".up_proj.weight", ".down_proj.weight")

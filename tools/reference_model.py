@@ -239,7 +239,7 @@ def tensor_layout(s):
 
     def mlp(p):
         layer = int(p.rsplit(".", 1)[1])
-        if layer not in s["moe_layers"]:
+        if layer not in s.get("moe_layers", []):
             return dense_mlp(p)
         m, (g, u, d), W = f"{p}.{s['moe_prefix']}", s["expert_names"], s["moe_inter"]
         add(m + ".gate.weight", [s["experts"], H], "router")
