@@ -147,6 +147,33 @@ FIXTURES = {
                    "initializer_range": 0.02},
     },
     "llama_relu": {"config": llama_variant(hidden_act="relu", tie_word_embeddings=True)},
+    # DeepSeek-V3's whole block: MLA (q_lora, interleaved RoPE) in both layers, layer 0 dense,
+    # layer 1 DeepseekV3MoE (sigmoid router with correction bias, 4 groups of 2 with 2 kept,
+    # top-2 renormalized x2.5, one shared expert).
+    "deepseek_v3": {
+        "config": {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 80,
+                   "moe_intermediate_size": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+                   "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+                   "routed_scaling_factor": 2.5, "norm_topk_prob": True, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                   "qk_rope_head_dim": 4, "v_head_dim": 8, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+                   "rope_interleave": True, "attention_bias": False, "tie_word_embeddings": False,
+                   "initializer_range": 0.02},
+    },
+    # Kimi K2's variant of the same block (model_type kimi_k2): one expert group (n_group 1, so the
+    # sigmoid router is not group-limited), routed_scaling_factor 2.827 as in K2's config, and
+    # RoPE theta 5e4.
+    "kimi_k2": {
+        "config": {"model_type": "kimi_k2", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 72,
+                   "moe_intermediate_size": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+                   "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                   "routed_scaling_factor": 2.827, "norm_topk_prob": True, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 12, "qk_nope_head_dim": 8,
+                   "qk_rope_head_dim": 4, "v_head_dim": 8, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 50000.0,
+                   "attention_bias": False, "tie_word_embeddings": False, "initializer_range": 0.02},
+    },
     "mixtral": {
         # Softmax router over 4 experts, top-2 renormalized; experts w1/w3/w2 under block_sparse_moe.
         "config": {"model_type": "mixtral", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 48,

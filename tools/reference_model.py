@@ -141,10 +141,9 @@ def resolve(cfg):
 def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
     """DeepseekV3Config: MLA ranks and head dims; attention_bias applies to q_a_proj,
     kv_a_proj_with_mqa and o_proj (DeepseekV3Attention.__init__); rope_interleave defaults to
-    True. Only dense layers are modelled: layers >= first_k_dense_replace would be MoE."""
+    True. Layers >= first_k_dense_replace are DeepseekV3MoE, the same block as Glm4MoeMoE (sigmoid
+    TopkRouter with e_score_correction_bias, group-limited top-k, shared experts)."""
     L = cfg["num_hidden_layers"]
-    if cfg.get("first_k_dense_replace", 3) < L:
-        raise ValueError("reference covers MLA with dense MLPs only (first_k_dense_replace >= num_hidden_layers)")
     nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     bias = bool(cfg.get("attention_bias", False))
     heads = cfg["num_attention_heads"]
@@ -162,6 +161,10 @@ def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)),
     )
+    moe_cfg = dict(cfg, first_k_dense_replace=cfg.get("first_k_dense_replace", 3))  # DeepseekV3Config default
+    s.update(resolve_moe(moe_cfg, "glm4_moe", L))
+    if not s["moe_layers"]:
+        s.update(moe=False)
     return s
 
 
