@@ -134,9 +134,14 @@ TEST(MuonReference, ThreeMuonStepsAndOneQkClipMatchPytorch) {
     clip_grad_norm(store.grads(), meta_number(ref, "max_grad_norm"));
     muon.step(store, lr);
   }
+  // The max logit is sensitive to exactly the elements AdamW cannot pin down: a key-bias entry
+  // of a barely rotating RoPE pair adds a near-constant to a query's scores, which the loss (and
+  // so the gradient) ignores but the row's maximum does not. Those entries may differ by up to
+  // 3.5·lr (see above), so along keel's own trajectory the maxima get 1e-3; the clip itself is
+  // checked to 1e-4 below on the reference's own weights.
   const std::vector<float> step_max = model.max_logits();  // the third step's forward
   size_t at = 0;
-  EXPECT_LE(worst_relative(step_max.data(), ref.read_f32("step3_max_logit"), &at), kTolerance) << "head " << at;
+  EXPECT_LE(worst_relative(step_max.data(), ref.read_f32("step3_max_logit"), &at), 1e-3) << "head " << at;
   expect_store_matches(store, muon, ref, "muon3.", lr);
 
   const float tau = ref.read_f32("tau").at(0);
@@ -144,7 +149,19 @@ TEST(MuonReference, ThreeMuonStepsAndOneQkClipMatchPytorch) {
   EXPECT_EQ(report.clipped_heads, static_cast<int64_t>(meta_number(ref, "clipped_heads")));
   expect_store_matches(store, muon, ref, "clipped.", lr);
 
-  // The clipped weights' own maxima on the same batch, as the reference computed them.
+  // The clip alone, free of the optimizer's ill-conditioned elements: the reference's weights
+  // after three steps, clipped with the reference's maxima, must give the reference's clipped
+  // weights and the clipped model's maxima on the same batch.
+  for (const nn::ParamInfo& p : store.entries()) {
+    auto v = ref.read_f32("muon3." + p.name);
+    std::copy(v.begin(), v.end(), store.data(p.name));
+  }
+  report = qk_clip(store, spec, ref.read_f32("step3_max_logit"), {tau});
+  EXPECT_EQ(report.clipped_heads, static_cast<int64_t>(meta_number(ref, "clipped_heads")));
+  for (const nn::ParamInfo& p : store.entries()) {
+    const auto want = ref.read_f32("clipped." + p.name);
+    EXPECT_LE(worst_relative(store.data(p.name), want, &at), kTolerance) << "clip of " << p.name << " at " << at;
+  }
   std::vector<float> logits(static_cast<size_t>(batch * seq * spec.vocab_size));
   model.forward_logits(tokens.data(), batch, seq, logits.data());
   EXPECT_LE(worst_relative(model.max_logits().data(), ref.read_f32("clipped_max_logit"), &at), kTolerance)
