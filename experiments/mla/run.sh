@@ -12,34 +12,12 @@ cd "$(dirname "$0")/../.."
 KEEL=${1:-build/release/keel}
 OUT=${2:-runs/mla}
 BASE=experiments/mla/base.toml
-[[ -x "$KEEL" ]] || { echo "run.sh: no keel binary at $KEEL (make build)" >&2; exit 2; }
-[[ -d cache/brown/data ]] || { echo "run.sh: no prepared Brown corpus in cache/brown (make data)" >&2; exit 2; }
+source experiments/sweep.sh
 
-run() {  # name, extra --set arguments...
-  local name=$1; shift
-  local dir=$OUT/$name
-  if [[ -f $dir/DONE ]]; then echo "== $name: done already"; return; fi
-  if ls "$dir"/checkpoints/step_*/COMMIT >/dev/null 2>&1; then
-    echo "== $name: resuming"
-    OMP_NUM_THREADS=1 "$KEEL" train --resume "$dir" > "$OUT/$name.log" 2>&1
-  else
-    echo "== $name"
-    rm -rf "$dir"
-    mkdir -p "$OUT"
-    OMP_NUM_THREADS=1 "$KEEL" train --config "$BASE" --set run.out="$dir" "$@" > "$OUT/$name.log" 2>&1
-  fi
-  touch "$dir/DONE"
-  echo "== $name: $(tail -n 3 "$OUT/$name.log" | head -n 1)"
-}
-
-start=$(date +%s)
-run a_latent_norms & a=$!
-run b_no_latent_norms --set 'model.set=["keel.mla_latent_norms=false"]' & b=$!
-run c_qk_clip --set optimizer.qk_clip_tau=50 & c=$!
-status=0
-for pid in $a $b $c; do wait "$pid" || status=1; done
-(( status == 0 )) || { echo "run.sh: a run failed; see $OUT/*.log" >&2; exit 1; }
-echo "training took $(( ($(date +%s) - start) / 60 )) min"
+sweep_run a_latent_norms
+sweep_run b_no_latent_norms --set 'model.set=["keel.mla_latent_norms=false"]'
+sweep_run c_qk_clip --set optimizer.qk_clip_tau=50
+sweep_wait
 
 for name in a_latent_norms b_no_latent_norms c_qk_clip; do
   "$KEEL" plot "$OUT/$name" --out "$OUT/$name/plots"
