@@ -137,7 +137,7 @@ OverlayCharts overlay_charts(const std::vector<ComparedRun>& runs, const std::st
 }
 
 std::string html_page_start(const std::string& title) {
-  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + escape_xml(title) +
+  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>" + escape_xml(title) +
          "</title>\n<style>body{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;"
          "margin:24px auto;max-width:1200px;color:#222;padding:0 16px}figure{margin:20px 0}"
          "svg{max-width:100%;height:auto;display:block}table{border-collapse:collapse}"

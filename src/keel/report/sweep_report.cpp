@@ -98,7 +98,7 @@ Heatmap activation_heatmap(const RunMetrics& m, const std::string& name, size_t 
 std::string join_overrides(const std::vector<std::string>& items) {
   if (items.empty()) return "<span class=\"muted\">(the base)</span>";
   std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? "<br>" : "") + std::string("<code>") + escape_xml(items[i]) + "</code>";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? "<br/>" : "") + std::string("<code>") + escape_xml(items[i]) + "</code>";
   return out;
 }
 
@@ -131,7 +131,7 @@ std::string render_index(const SweepReportInput& in, const std::vector<SweepRow>
     const SweepRow& r = rows[i];
     h << "<tr class=\"variant\" id=\"row-" << escape_xml(v.name) << "\"><td><span class=\"swatch\" style=\"color:"
       << categorical_color(i) << "\">\u25a0</span> <b>" << escape_xml(v.name) << "</b>";
-    if (!v.description.empty()) h << "<br><span class=\"muted\">" << escape_xml(v.description) << "</span>";
+    if (!v.description.empty()) h << "<br/><span class=\"muted\">" << escape_xml(v.description) << "</span>";
     h << "</td><td>" << join_overrides(v.overrides) << "</td><td>" << escape_xml(status_text(v, r)) << "</td><td class=\"n\">"
       << table_number(r.steps) << "</td><td class=\"n\">" << table_number(r.final_val_loss) << "</td><td class=\"n\">"
       << table_number(r.best_val_loss) << "</td><td>"
