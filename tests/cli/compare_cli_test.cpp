@@ -4,7 +4,12 @@
 // learning rate blows the run up (diverged: a result, exit status 0). Then a rerun resumes an
 // interrupted variant from its checkpoint and skips the rest; config errors exit 2.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cmath>
 #include <filesystem>
@@ -15,6 +20,7 @@
 #include "cli_test_util.hpp"
 #include "keel/core/rng.hpp"
 #include "keel/data/shards.hpp"
+#include "keel/train/run_dir.hpp"
 #include "keel/train/sweep.hpp"
 #include "../report/xml_check.hpp"
 
@@ -91,7 +97,8 @@ TEST_F(CompareCli, RunsEveryVariantWithTheSameDataAndWritesTheReport) {
   EXPECT_EQ(base[0]["tokens"], warm[0]["tokens"]);
   EXPECT_NE(base[1]["loss"].get<double>(), warm[1]["loss"].get<double>());
   EXPECT_NEAR(warm[0]["lr"].get<double>(), 0.01 / 3, 1e-12);
-  EXPECT_NEAR(base[0]["lr"].get<double>(), 0.01, 1e-12);
+  // Cosine from step 1 over 6 steps to final_lr = 0.001 (the default tenth of the peak).
+  EXPECT_NEAR(base[0]["lr"].get<double>(), 0.001 + 0.009 * 0.5 * (1 + std::cos(M_PI / 6)), 1e-12);
   // model_set reached the model: three layers of per-head maxima.
   EXPECT_EQ(deep[0]["max_logit_per_head"].size(), 3u);
   EXPECT_EQ(base[0]["max_logit_per_head"].size(), 2u);
@@ -186,6 +193,46 @@ TEST_F(CompareCli, ConfigErrorsExitTwoAndNameTheVariant) {
   r = run_keel("compare " + (dir_ / "sweep.toml").string() + " --only nosuch");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("no variant is named 'nosuch'"), std::string::npos) << r.err;
+}
+
+TEST_F(CompareCli, KilledCompareTakesItsChildrenAlongAndResumes) {
+  ASSERT_EQ(first_.status, 0) << first_.err;
+  std::ofstream(dir_ / "long.toml") << "[sweep]\nbase = \"base.toml\"\nset = [\"run.steps=300\", \"checkpoint.every=5\", \"eval.every=100\"]\n"
+                                       "out = \"runs_long\"\nreport = \"report_long\"\n[[variant]]\nname = \"long\"\n";
+  const fs::path run = dir_ / "runs_long" / "long";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string out = (dir_ / "long_first.out").string();
+    std::freopen(out.c_str(), "w", stdout);
+    std::freopen(out.c_str(), "a", stderr);
+    ::execl(KEEL_BINARY, KEEL_BINARY, "compare", (dir_ / "long.toml").c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Kill keel compare (not its child) once the variant has a checkpoint, before it ends.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (train::latest_complete_checkpoint(run.string()) == std::nullopt && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(pid, SIGKILL);
+  int raw = 0;
+  ::waitpid(pid, &raw, 0);
+  ASSERT_TRUE(train::latest_complete_checkpoint(run.string()).has_value()) << slurp((dir_ / "long_first.out").string());
+  // The child went with it: its metrics stop growing.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto size = fs::file_size(run / "metrics.jsonl");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(fs::file_size(run / "metrics.jsonl"), size) << "the training child outlived keel compare";
+  ASSERT_LT(metrics_of(run).size(), 300u) << "the run ended before the kill; nothing to resume";
+  EXPECT_FALSE(fs::exists(run / train::kSweepStatusFile));
+
+  const auto r = run_keel("compare " + (dir_ / "long.toml").string());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("long: resuming from step "), std::string::npos) << r.out;
+  EXPECT_EQ(status_of(run)["state"], "finished");
+  const auto m = metrics_of(run);
+  ASSERT_EQ(m.size(), 300u);
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i]["step"], static_cast<int64_t>(i + 1));
 }
 
 }  // namespace

@@ -139,7 +139,8 @@ std::string render_index(const SweepReportInput& in, const std::vector<SweepRow>
       << "</td><td class=\"n\">" << r.spikes << "</td><td class=\"n\">" << r.skipped << "</td><td class=\"n\">" << r.rollbacks
       << "</td><td class=\"n\">" << table_number(r.peak_max_logit)
       << (std::isfinite(r.peak_max_logit) ? " (" + format_value(r.peak_step) + ")" : std::string()) << "</td><td class=\"n\">"
-      << table_number(r.median_tokens_per_s) << "</td></tr>\n";
+      << (std::isfinite(r.median_tokens_per_s) ? format_value(r.median_tokens_per_s, true) : table_number(r.median_tokens_per_s))
+      << "</td></tr>\n";
   }
   h << "</table>\n";
   for (const auto& n : notes) h << "<p class=\"note\">" << escape_xml(n) << "</p>\n";
@@ -227,6 +228,21 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
   }
   for (const auto& k : kinds_seen) oc.loss.mark_kinds.push_back({k == "abort" ? "abort / diverged" : k, event_dash(k)});
   if (!kinds_seen.empty()) oc.loss.subtitle += "; vertical lines: stability events (hover for details)";
+  // A blown-up variant (losses in the hundreds next to 3) would flatten every other curve: then
+  // the loss axis is logarithmic.
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const Series& s : oc.loss.series) {
+    for (double y : s.y) {
+      if (std::isfinite(y) && y > 0 && y < 1e200) {
+        lo = std::min(lo, y);
+        hi = std::max(hi, y);
+      }
+    }
+  }
+  if (hi > 20 * lo) {
+    oc.loss.y_log = true;
+    oc.loss.title += " (log scale)";
+  }
   oc.grad_norm.y_log = true;
   oc.grad_norm.title = "Gradient norm (before clipping, log scale)";
 

@@ -436,7 +436,10 @@ RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>&
   if (options.dry_run) {
     for (const auto& j : todo) {
       std::string line = "OMP_NUM_THREADS=" + std::to_string(options.threads);
-      for (const auto& a : j.args) line += " " + shell_quote(a);
+      for (const auto& a : j.args) {
+        line += ' ';
+        line += shell_quote(a);
+      }
       say(line + " > " + shell_quote(j.plan->log) + " 2>&1");
     }
     return {};
