@@ -31,7 +31,9 @@ void register_compare_commands(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1024}));
   cmd->add_option("--threads", o->threads, "OMP_NUM_THREADS of each variant (overrides sweep.threads)")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  cmd->add_option("--only", o->only, "train only this variant (repeatable); the report still shows all");
+  // One name per --only, so `--only a SWEEP.toml` does not take the sweep file for a name.
+  cmd->add_option("--only", o->only, "train only this variant (repeatable); the report still shows all")
+      ->allow_extra_args(false);
   cmd->add_flag("--report-only", o->report_only, "train nothing: gather what the run folders hold and write the report");
   cmd->add_flag("--dry-run", o->dry_run, "print the command of each variant that would run, and stop");
   cmd->add_flag("--retry-failed", o->retry_failed, "train diverged and failed variants again from the start");
