@@ -34,7 +34,8 @@ class SweepReport : public ::testing::Test {
            "[[variant]]\nname = \"aborted\"\n"
            "[[variant]]\nname = \"old_diverged\"\n"
            "[[variant]]\nname = \"nan_loss\"\n"
-           "[[variant]]\nname = \"never\"\n";
+           "[[variant]]\nname = \"never\"\n"
+           "[[variant]]\nname = \"broke\"\n";
     // steady: 10 steps, every key the trainer writes now, finished.
     std::string m;
     for (int s = 1; s <= 10; ++s) {
@@ -74,6 +75,9 @@ class SweepReport : public ::testing::Test {
     write_run("old_diverged", "{\"step\":1,\"loss\":3,\"val_loss\":3.25}\n{\"step\":2,\"loss\":4}\n{\"step\":3,\"loss\":6}\n", "",
               R"({"state":"diverged","exit_code":2,"steps_done":3,"diverged_step":4,"message":"keel: error: loss became non-finite at step 4"})");
     // nan_loss: no marker (a run killed or still running); its metrics hold a NaN loss at step 3.
+    // broke: exited non-zero after two steps with no sign of divergence (a full disk, say).
+    write_run("broke", "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.9}\n", "",
+              R"({"state":"failed","exit_code":3,"steps_done":2,"message":"keel: error: disk full"})");
     write_run("nan_loss", "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":3.1}\n{\"step\":3,\"loss\":null}\n{\"step\":4,\"loss\":\"NaN\"}\n", "", "");
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -108,7 +112,7 @@ TEST_F(SweepReport, SummaryTableHoldsTheExactValues) {
   ASSERT_NE(index, nullptr);
   const auto doc = parse_xml(index->content);  // well-formed: the page is also valid XML
   std::vector<const keel::testing::XmlNode*> rows = doc->all("tr", "variant");
-  ASSERT_EQ(rows.size(), 6u);
+  ASSERT_EQ(rows.size(), 7u);
   // name -> cells (text of each td, descendants included)
   std::map<std::string, std::vector<std::string>> cells;
   for (const auto* tr : rows) {
@@ -171,7 +175,13 @@ TEST_F(SweepReport, SummaryTableHoldsTheExactValues) {
   EXPECT_EQ(never[3], "0");
   EXPECT_EQ(never[6], "no");
 
+  const auto& broke = cells.at("broke");
+  EXPECT_EQ(broke[2], "failed (exit 3)");
+  EXPECT_EQ(broke[3], "2");
+  EXPECT_EQ(broke[6], "no");  // failing is not diverging
+
   // The messages of the variants that did not finish are on the page; text is escaped.
+  EXPECT_NE(index->content.find("broke: keel: error: disk full"), std::string::npos);
   EXPECT_NE(index->content.find("loss became non-finite at step 4"), std::string::npos);
   EXPECT_NE(index->content.find("<h1>stability &lt;lab&gt;</h1>"), std::string::npos);
   EXPECT_NE(index->content.find("does &amp; holds"), std::string::npos);
@@ -197,11 +207,11 @@ TEST_F(SweepReport, ChartsOverlayVariantsAndMarkEvents) {
     const auto doc = parse_xml(f.content);
     EXPECT_EQ(keel::testing::find_bad_number(*doc), "") << f.name;
   }
-  // Loss: one series per variant with metrics (5), each in its table colour; events: spiky 4,
+  // Loss: one series per variant with metrics (6), each in its table colour; events: spiky 4,
   // aborted 2, old_diverged 1 and nan_loss 1 (their divergence).
   const auto loss = parse_xml(find(p, "compare_loss.svg")->content);
   const auto series = loss->all("g", "series");
-  ASSERT_EQ(series.size(), 5u);
+  ASSERT_EQ(series.size(), 6u);
   EXPECT_EQ(series[0]->all("polyline").at(0)->attr("stroke"), categorical_color(0));
   EXPECT_EQ(series[1]->all("polyline").at(0)->attr("stroke"), categorical_color(1));
   const auto marks = loss->all("g", "x-mark");
