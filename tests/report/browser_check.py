@@ -166,6 +166,8 @@ def main():
         dom = d.stdout
         if dom.count('class="variant"') != 3:
             fail("the rendered DOM does not hold 3 variant rows")
+        if dom.count('class="x-mark"') != 3:  # spiky's spike and rollback, blowup's abort one step past its last line
+            fail("the loss chart in the DOM has %d event marks, expected 3" % dom.count('class="x-mark"'))
         if dom.count("<svg") < 9:  # 6 overlays + per-variant heatmaps
             fail("the rendered DOM holds %d SVG charts, expected at least 9" % dom.count("<svg"))
 

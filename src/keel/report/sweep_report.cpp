@@ -226,6 +226,13 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
     }
     if (rows[i].diverged_step && !abort_marked) mark(*rows[i].diverged_step, "abort", "diverged at step " + format_value(*rows[i].diverged_step));
   }
+  // A divergence is often the step after the last line a run wrote: widen the shared step axis
+  // so its mark is drawn.
+  for (const XMark& m : oc.loss.x_marks) {
+    for (LineChart* c : {&oc.loss, &oc.val_loss, &oc.grad_norm, &oc.max_logit, &oc.clipped}) {
+      if (c->x_domain && m.x > c->x_domain->second) c->x_domain->second = m.x;
+    }
+  }
   for (const auto& k : kinds_seen) oc.loss.mark_kinds.push_back({k == "abort" ? "abort / diverged" : k, event_dash(k)});
   if (!kinds_seen.empty()) oc.loss.subtitle += "; vertical lines: stability events (hover for details)";
   // A blown-up variant (losses in the hundreds next to 3) would flatten every other curve: then
