@@ -143,7 +143,7 @@ std::string html_page_start(const std::string& title) {
          "svg{max-width:100%;height:auto;display:block}table{border-collapse:collapse}"
          "td,th{padding:3px 12px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}"
          "td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#8a6d3b}"
-         ".bad{color:#c0392b;font-weight:600}.muted{color:#666}code{font-size:90%}h2{margin-top:32px}</style></head><body>\n";
+         ".bad{color:#c0392b;font-weight:600}.muted{color:#666}.name{white-space:nowrap}code{font-size:90%}h2{margin-top:32px}</style></head><body>\n";
 }
 
 std::string html_figure(const PlotFile& f) {

@@ -129,8 +129,8 @@ std::string render_index(const SweepReportInput& in, const std::vector<SweepRow>
   for (size_t i = 0; i < in.variants.size(); ++i) {
     const SweepVariantData& v = in.variants[i];
     const SweepRow& r = rows[i];
-    h << "<tr class=\"variant\" id=\"row-" << escape_xml(v.name) << "\"><td><span class=\"swatch\" style=\"color:"
-      << categorical_color(i) << "\">\u25a0</span> <b>" << escape_xml(v.name) << "</b>";
+    h << "<tr class=\"variant\" id=\"row-" << escape_xml(v.name) << "\"><td><span class=\"name\"><span style=\"color:"
+      << categorical_color(i) << "\">\u25a0</span> <b>" << escape_xml(v.name) << "</b></span>";
     if (!v.description.empty()) h << "<br/><span class=\"muted\">" << escape_xml(v.description) << "</span>";
     h << "</td><td>" << join_overrides(v.overrides) << "</td><td>" << escape_xml(status_text(v, r)) << "</td><td class=\"n\">"
       << table_number(r.steps) << "</td><td class=\"n\">" << table_number(r.final_val_loss) << "</td><td class=\"n\">"
@@ -347,8 +347,11 @@ SweepReportInput gather_sweep(const train::SweepConfig& sweep, const std::vector
       std::ifstream f(metrics_path, std::ios::binary);
       std::ostringstream text;
       text << f.rdbuf();
-      // A run that stopped before its first step has an empty metrics file: no data, not an error.
-      if (text.str().find('{') != std::string::npos) v.metrics = parse_metrics(text.str(), metrics_path.string());
+      // A run that stopped before its first step has an empty metrics file, and one starting right
+      // now may hold only part of its first line: no data yet, not an error.
+      const std::string t = text.str();
+      const size_t brace = t.find('{');
+      if (brace != std::string::npos && t.find('\n', brace) != std::string::npos) v.metrics = parse_metrics(t, metrics_path.string());
     }
     if (auto ev = read_events(p.run_dir)) {
       v.events = std::move(*ev);
