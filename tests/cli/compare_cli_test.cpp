@@ -107,7 +107,7 @@ TEST_F(CompareCli, RunsEveryVariantWithTheSameDataAndWritesTheReport) {
   EXPECT_EQ(bs["state"], "diverged") << bs.dump();
   ASSERT_TRUE(bs.contains("diverged_step")) << bs.dump();
   const int64_t at = bs["diverged_step"].get<int64_t>();
-  EXPECT_GE(at, 2);
+  EXPECT_GE(at, 1);  // the spike guard may abort on non-finite parameters right after step 1's update
   EXPECT_LE(at, 6);
   EXPECT_NE(first_.out.find("blowup: diverged at step " + std::to_string(at)), std::string::npos) << first_.out;
 
@@ -130,7 +130,11 @@ TEST_F(CompareCli, RunsEveryVariantWithTheSameDataAndWritesTheReport) {
   size_t svgs = 0;
   for (const auto& e : fs::directory_iterator(report)) svgs += e.path().extension() == ".svg";
   EXPECT_EQ(doc->all("figure").size(), svgs - 1);
-  EXPECT_GE(svgs, 6u + 1u + 3u);  // 6 overlays, the overview, a heatmap per finished variant
+  EXPECT_GE(svgs, 6u + 1u + 3u + 3u);  // 6 overlays, the overview, per finished variant a heatmap of heads and one of layers
+  EXPECT_TRUE(fs::exists(report / "activation_rms_deep.svg"));
+  // The trainer records the update ratio: its chart has a curve per finished variant.
+  const auto update = parse_xml(slurp((report / "compare_update_ratio.svg").string()));
+  EXPECT_GE(update->all("g", "series").size(), 3u);
 }
 
 TEST_F(CompareCli, ResumesAnInterruptedVariantAndSkipsFinishedOnes) {
