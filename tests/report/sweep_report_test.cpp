@@ -68,7 +68,7 @@ class SweepReport : public ::testing::Test {
               R"({"state":"finished","exit_code":0,"steps_done":8,"message":""})");
     // aborted: the policy gave up at step 6 (exit non-zero, recorded as diverged).
     write_run("aborted", "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":3.5}\n{\"step\":5,\"loss\":7}\n",
-              "{\"step\":5,\"type\":\"spike\",\"signal\":\"nonfinite\",\"action\":\"abort\"}\n"
+              "{\"step\":5,\"type\":\"spike\",\"signal\":\"nonfinite\",\"value\":\"-nan\",\"action\":\"abort\"}\n"
               "{\"step\":6,\"type\":\"abort\",\"reason\":\"non-finite gradients\"}\n",
               R"({"state":"diverged","exit_code":2,"steps_done":3,"diverged_step":6,"message":"keel: error: aborted"})");
     // old_diverged: a trainer without events stops before writing the non-finite step.
