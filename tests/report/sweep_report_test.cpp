@@ -55,7 +55,8 @@ class SweepReport : public ::testing::Test {
     m.clear();
     for (int s = 1; s <= 8; ++s) {
       m += "{\"step\":" + std::to_string(s) + ",\"loss\":" + (s == 4 ? std::string("9.5") : std::to_string(3.0 - 0.05 * s)) +
-           ",\"max_logit\":" + std::to_string(s == 4 ? 80.0 : 10.0) + ",\"tokens_per_s\":1000,\"skipped\":" +
+           ",\"max_logit\":" + std::to_string(s == 4 ? 80.0 : 10.0) + ",\"tokens_per_s\":1000" +
+           ",\"update_rms_ratio\":" + (s == 4 ? std::string("null") : std::string("0.01")) + ",\"skipped\":" +
            (s == 4 ? "true" : "false") +
            (s == 4 ? R"(,"events":[{"type":"spike","signal":"loss","value":9.5,"threshold":4.1,"action":"skip"}])" : "") +
            (s == 8 ? ",\"val_loss\":2.75" : "") + "}\n";
@@ -224,9 +225,11 @@ TEST_F(SweepReport, ChartsOverlayVariantsAndMarkEvents) {
   EXPECT_EQ(tips[6], "old_diverged: diverged at step 4");
   EXPECT_EQ(tips[7], "nan_loss: diverged at step 3");
   EXPECT_EQ(marks[0]->all("line").at(0)->attr("stroke"), categorical_color(1));
-  // Update ratio and activation RMS: steady only; the others say nothing rather than fail.
+  // Update ratio: steady and spiky; activation RMS: steady only; the others say nothing rather than fail.
   const auto update = parse_xml(find(p, "compare_update_ratio.svg")->content);
-  EXPECT_EQ(update->all("g", "series").size(), 1u);
+  EXPECT_EQ(update->all("g", "series").size(), 2u);
+  // spiky's skipped step 4 made no update: left out, not marked as a non-finite value.
+  EXPECT_TRUE(update->all("g", "non-finite").empty());
   const auto act = parse_xml(find(p, "compare_activation_rms.svg")->content);
   const auto act_series = act->all("g", "series");
   ASSERT_EQ(act_series.size(), 1u);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "keel/core/error.hpp"
@@ -268,7 +269,21 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
   act.empty_note = "no data (activation_rms not recorded by these runs)";
   for (size_t k = 0; k < runs.size(); ++k) {
     const RunMetrics& m = runs[k].metrics;
-    if (!m.update_rms_ratio.empty()) update.series.push_back(smoothed_series(m.update_rms_ratio, runs[k].name, runs[k].color));
+    if (!m.update_rms_ratio.empty()) {
+      // A skipped step made no update (its ratio is null): left out rather than drawn as non-finite.
+      std::set<double> skipped;
+      for (size_t j = 0; j < m.skipped.size(); ++j) {
+        if (m.skipped.value[j] == 1) skipped.insert(m.skipped.step[j]);
+      }
+      Points applied;
+      for (size_t i = 0; i < m.update_rms_ratio.size(); ++i) {
+        const double step = m.update_rms_ratio.step[i];
+        if (skipped.contains(step)) continue;
+        applied.step.push_back(step);
+        applied.value.push_back(m.update_rms_ratio.value[i]);
+      }
+      update.series.push_back(smoothed_series(applied, runs[k].name, runs[k].color));
+    }
     if (!m.activation_rms.empty()) {
       if (const auto row = last_layer_row(m, m.activation_rms)) {
         Series s;
