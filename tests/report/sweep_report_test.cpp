@@ -8,9 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "keel/core/error.hpp"
 #include "keel/report/sweep_report.hpp"
+#include "keel/report/svg.hpp"
 #include "keel/train/sweep.hpp"
 #include "xml_check.hpp"
 
@@ -236,6 +238,22 @@ TEST_F(SweepReport, ChartsOverlayVariantsAndMarkEvents) {
   EXPECT_EQ(act_series[0]->all("circle").size(), 3u);  // three layers at the last step
   const auto heat = parse_xml(find(p, "activation_rms_steady.svg")->content);
   EXPECT_EQ(heat->all("rect").size() >= 30u, true);  // 3 layers x 10 steps of cells
+}
+
+TEST_F(SweepReport, TwelveVariantsTwelveColours) {
+  fs::remove_all(dir_ / "runs");
+  std::string sweep = "[sweep]\nbase = \"base.toml\"\n";
+  for (int i = 0; i < 12; ++i) {
+    const std::string name = str_cat("v", std::to_string(i));
+    sweep += str_cat("[[variant]]\nname = \"", name, "\"\n");
+    write_run(name, str_cat("{\"step\":1,\"loss\":", std::to_string(3 + i), "}\n{\"step\":2,\"loss\":2}\n"), "", "");
+  }
+  std::ofstream(dir_ / "sweep.toml") << sweep;
+  const RunPlots p = render();
+  const auto loss = parse_xml(find(p, "compare_loss.svg")->content);
+  std::set<std::string> colours;
+  for (const auto* g : loss->all("g", "series")) colours.insert(g->all("polyline").at(0)->attr("stroke"));
+  EXPECT_EQ(colours.size(), 12u);
 }
 
 TEST_F(SweepReport, NewKeysMissingEverywhereGiveNoDataNotFailure) {
