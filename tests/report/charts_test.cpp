@@ -135,6 +135,24 @@ TEST(LineChart, OnePointOneSeriesAndNoData) {
   EXPECT_EQ(checked(g).all("g", "panel").size(), 3u);
 }
 
+// A blown-up run's update ratio (1e30) next to healthy ones (1e-3): a decade axis with a label for
+// every n-th decade, not 34 overlapping labels.
+TEST(LineChart, LogAxisOverManyDecadesKeepsFewLabels) {
+  LineChart c;
+  c.y_log = true;
+  c.series.push_back({"a", {1, 2, 3}, {1e-3, 2e-3, 1e30}});
+  const auto doc = keel::testing::parse_xml(render_line_chart(c));
+  const auto axes = doc->all("g", "axes");
+  ASSERT_EQ(axes.size(), 1u);
+  std::vector<std::string> y_labels;
+  for (const auto* t : axes[0]->all("text")) {
+    if (t->attr("text-anchor") == "end") y_labels.push_back(t->text);
+  }
+  EXPECT_GE(y_labels.size(), 4u);
+  EXPECT_LE(y_labels.size(), 9u);
+  EXPECT_EQ(y_labels.front(), "0.001");  // the axis starts at the bottom decade, labelled
+}
+
 TEST(Heatmap, CellsColorsAndSeparators) {
   Heatmap h;
   h.title = "per head";

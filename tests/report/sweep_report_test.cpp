@@ -8,9 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "keel/core/error.hpp"
 #include "keel/report/sweep_report.hpp"
+#include "keel/report/svg.hpp"
 #include "keel/train/sweep.hpp"
 #include "xml_check.hpp"
 
@@ -55,7 +57,8 @@ class SweepReport : public ::testing::Test {
     m.clear();
     for (int s = 1; s <= 8; ++s) {
       m += "{\"step\":" + std::to_string(s) + ",\"loss\":" + (s == 4 ? std::string("9.5") : std::to_string(3.0 - 0.05 * s)) +
-           ",\"max_logit\":" + std::to_string(s == 4 ? 80.0 : 10.0) + ",\"tokens_per_s\":1000,\"skipped\":" +
+           ",\"max_logit\":" + std::to_string(s == 4 ? 80.0 : 10.0) + ",\"tokens_per_s\":1000" +
+           ",\"update_rms_ratio\":" + (s == 4 ? std::string("null") : std::string("0.01")) + ",\"skipped\":" +
            (s == 4 ? "true" : "false") +
            (s == 4 ? R"(,"events":[{"type":"spike","signal":"loss","value":9.5,"threshold":4.1,"action":"skip"}])" : "") +
            (s == 8 ? ",\"val_loss\":2.75" : "") + "}\n";
@@ -68,7 +71,7 @@ class SweepReport : public ::testing::Test {
               R"({"state":"finished","exit_code":0,"steps_done":8,"message":""})");
     // aborted: the policy gave up at step 6 (exit non-zero, recorded as diverged).
     write_run("aborted", "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":3.5}\n{\"step\":5,\"loss\":7}\n",
-              "{\"step\":5,\"type\":\"spike\",\"signal\":\"nonfinite\",\"action\":\"abort\"}\n"
+              "{\"step\":5,\"type\":\"spike\",\"signal\":\"nonfinite\",\"value\":\"-nan\",\"action\":\"abort\"}\n"
               "{\"step\":6,\"type\":\"abort\",\"reason\":\"non-finite gradients\"}\n",
               R"({"state":"diverged","exit_code":2,"steps_done":3,"diverged_step":6,"message":"keel: error: aborted"})");
     // old_diverged: a trainer without events stops before writing the non-finite step.
@@ -224,15 +227,33 @@ TEST_F(SweepReport, ChartsOverlayVariantsAndMarkEvents) {
   EXPECT_EQ(tips[6], "old_diverged: diverged at step 4");
   EXPECT_EQ(tips[7], "nan_loss: diverged at step 3");
   EXPECT_EQ(marks[0]->all("line").at(0)->attr("stroke"), categorical_color(1));
-  // Update ratio and activation RMS: steady only; the others say nothing rather than fail.
+  // Update ratio: steady and spiky; activation RMS: steady only; the others say nothing rather than fail.
   const auto update = parse_xml(find(p, "compare_update_ratio.svg")->content);
-  EXPECT_EQ(update->all("g", "series").size(), 1u);
+  EXPECT_EQ(update->all("g", "series").size(), 2u);
+  // spiky's skipped step 4 made no update: left out, not marked as a non-finite value.
+  EXPECT_TRUE(update->all("g", "non-finite").empty());
   const auto act = parse_xml(find(p, "compare_activation_rms.svg")->content);
   const auto act_series = act->all("g", "series");
   ASSERT_EQ(act_series.size(), 1u);
   EXPECT_EQ(act_series[0]->all("circle").size(), 3u);  // three layers at the last step
   const auto heat = parse_xml(find(p, "activation_rms_steady.svg")->content);
   EXPECT_EQ(heat->all("rect").size() >= 30u, true);  // 3 layers x 10 steps of cells
+}
+
+TEST_F(SweepReport, TwelveVariantsTwelveColours) {
+  fs::remove_all(dir_ / "runs");
+  std::string sweep = "[sweep]\nbase = \"base.toml\"\n";
+  for (int i = 0; i < 12; ++i) {
+    const std::string name = str_cat("v", std::to_string(i));
+    sweep += str_cat("[[variant]]\nname = \"", name, "\"\n");
+    write_run(name, str_cat("{\"step\":1,\"loss\":", std::to_string(3 + i), "}\n{\"step\":2,\"loss\":2}\n"), "", "");
+  }
+  std::ofstream(dir_ / "sweep.toml") << sweep;
+  const RunPlots p = render();
+  const auto loss = parse_xml(find(p, "compare_loss.svg")->content);
+  std::set<std::string> colours;
+  for (const auto* g : loss->all("g", "series")) colours.insert(g->all("polyline").at(0)->attr("stroke"));
+  EXPECT_EQ(colours.size(), 12u);
 }
 
 TEST_F(SweepReport, NewKeysMissingEverywhereGiveNoDataNotFailure) {

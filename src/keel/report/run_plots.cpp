@@ -2,6 +2,7 @@
 #include "keel/report/run_plots.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -34,10 +35,13 @@ double to_number(const json& v, const std::string& loc, const std::string& key) 
   if (v.is_number()) return v.get<double>();
   if (v.is_null()) return kNaN;
   if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    if (s == "NaN" || s == "nan") return kNaN;
-    if (s == "Infinity" || s == "inf" || s == "+inf") return std::numeric_limits<double>::infinity();
-    if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
+    // Spelled the ways JSON writers and printf spell them: NaN, -nan, Infinity, -inf, ...
+    std::string s;
+    for (char c : v.get<std::string>()) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool negative = !s.empty() && s[0] == '-';
+    if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.erase(0, 1);
+    if (s == "nan") return kNaN;
+    if (s == "inf" || s == "infinity") return negative ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   }
   throw Error(loc, key, std::string("expected a number, got ") + type_name(v));
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "keel/core/error.hpp"
@@ -19,6 +20,14 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// One colour per variant: Tableau 10, then its lighter companions (sweeps such as norm_placement
+// have 12 variants; a repeated colour would make two variants one curve).
+std::string variant_color(size_t i) {
+  static const char* light[] = {"#a0cbe8", "#ffbe7d", "#ff9d9a", "#86bcb6", "#8cd17d",
+                                "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e"};
+  return i < 10 ? categorical_color(i) : std::string(light[(i - 10) % 10]);
+}
 
 double median_of(std::vector<double> v) {
   std::erase_if(v, [](double x) { return !std::isfinite(x); });
@@ -130,7 +139,7 @@ std::string render_index(const SweepReportInput& in, const std::vector<SweepRow>
     const SweepVariantData& v = in.variants[i];
     const SweepRow& r = rows[i];
     h << "<tr class=\"variant\" id=\"row-" << escape_xml(v.name) << "\"><td><span class=\"name\"><span style=\"color:"
-      << categorical_color(i) << "\">\u25a0</span> <b>" << escape_xml(v.name) << "</b></span>";
+      << variant_color(i) << "\">\u25a0</span> <b>" << escape_xml(v.name) << "</b></span>";
     if (!v.description.empty()) h << "<br/><span class=\"muted\">" << escape_xml(v.description) << "</span>";
     h << "</td><td>" << join_overrides(v.overrides) << "</td><td>" << escape_xml(status_text(v, r)) << "</td><td class=\"n\">"
       << table_number(r.steps) << "</td><td class=\"n\">" << table_number(r.final_val_loss) << "</td><td class=\"n\">"
@@ -206,7 +215,7 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
       notes.push_back(v.name + ": " + v.status.message);
     }
     if (!v.metrics) continue;
-    runs.push_back({v.name, *v.metrics, v.qk_clip_tau, categorical_color(i)});
+    runs.push_back({v.name, *v.metrics, v.qk_clip_tau, variant_color(i)});
     variant_of.push_back(i);
   }
 
@@ -216,7 +225,7 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
   for (size_t i = 0; i < in.variants.size(); ++i) {
     const SweepVariantData& v = in.variants[i];
     auto mark = [&](double step, const std::string& type, const std::string& text) {
-      oc.loss.x_marks.push_back({step, categorical_color(i), v.name + ": " + text, event_dash(type)});
+      oc.loss.x_marks.push_back({step, variant_color(i), v.name + ": " + text, event_dash(type)});
       if (std::find(kinds_seen.begin(), kinds_seen.end(), type) == kinds_seen.end()) kinds_seen.push_back(type);
     };
     bool abort_marked = false;
@@ -268,7 +277,21 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
   act.empty_note = "no data (activation_rms not recorded by these runs)";
   for (size_t k = 0; k < runs.size(); ++k) {
     const RunMetrics& m = runs[k].metrics;
-    if (!m.update_rms_ratio.empty()) update.series.push_back(smoothed_series(m.update_rms_ratio, runs[k].name, runs[k].color));
+    if (!m.update_rms_ratio.empty()) {
+      // A skipped step made no update (its ratio is null): left out rather than drawn as non-finite.
+      std::set<double> skipped;
+      for (size_t j = 0; j < m.skipped.size(); ++j) {
+        if (m.skipped.value[j] == 1) skipped.insert(m.skipped.step[j]);
+      }
+      Points applied;
+      for (size_t i = 0; i < m.update_rms_ratio.size(); ++i) {
+        const double step = m.update_rms_ratio.step[i];
+        if (skipped.contains(step)) continue;
+        applied.step.push_back(step);
+        applied.value.push_back(m.update_rms_ratio.value[i]);
+      }
+      update.series.push_back(smoothed_series(applied, runs[k].name, runs[k].color));
+    }
     if (!m.activation_rms.empty()) {
       if (const auto row = last_layer_row(m, m.activation_rms)) {
         Series s;
