@@ -44,9 +44,9 @@ const PlotFile* find_file(const RunPlots& p, const std::string& name) {
 }
 
 TEST(ComparePlots, OneSeriesPerRunAndAHeatmapEach) {
-  std::vector<ComparedRun> runs = {{"base", synthetic(100, 2.0, 6.0), 0},
-                                   {"clip", synthetic(100, 1.0, 5.5, 2), 50},
-                                   {"norm", synthetic(100, 0.5, 5.0), 0}};
+  std::vector<ComparedRun> runs = {{"base", synthetic(100, 2.0, 6.0), 0, ""},
+                                   {"clip", synthetic(100, 1.0, 5.5, 2), 50, ""},
+                                   {"norm", synthetic(100, 0.5, 5.0), 0, ""}};
   const RunPlots plots = render_comparison(runs, {});
   for (const char* name : {"compare_loss.svg", "compare_val_loss.svg", "compare_max_logit.svg",
                            "compare_clipped_heads.svg", "compare_grad_norm.svg", "compare_overview.svg",
@@ -73,7 +73,7 @@ TEST(ComparePlots, OneSeriesPerRunAndAHeatmapEach) {
 TEST(ComparePlots, MaxLogitAxisIsLogarithmic) {
   // Maxima from about 1 to 20: the axis spans the decades 1 .. 100 with 1-2-5 ticks, and equal
   // ratios get equal distances.
-  std::vector<ComparedRun> runs = {{"a", synthetic(50, 2.0, 6.0), 0}, {"b", synthetic(50, 1.0, 6.0), 0}};
+  std::vector<ComparedRun> runs = {{"a", synthetic(50, 2.0, 6.0), 0, ""}, {"b", synthetic(50, 1.0, 6.0), 0, ""}};
   auto tick_positions = [](const RunPlots& plots) {
     auto root = testing::parse_xml(find_file(plots, "compare_max_logit.svg")->content);
     std::map<std::string, double> y;
@@ -91,7 +91,7 @@ TEST(ComparePlots, MaxLogitAxisIsLogarithmic) {
   // 2 sits log10(2) = 30.1% of the way from 1 to 10.
   EXPECT_NEAR((tick_y["1"] - tick_y["2"]) / (tick_y["1"] - tick_y["10"]), std::log10(2.0), 0.01);
   // Over more than 2.5 decades (0.5 .. 20 -> 0.1 .. 100) only whole decades are labelled.
-  runs[1] = {"b", synthetic(50, 0.5, 6.0), 0};
+  runs[1] = {"b", synthetic(50, 0.5, 6.0), 0, ""};
   tick_y = tick_positions(render_comparison(runs, {}));
   for (const char* label : {"0.1", "1", "10", "100"}) EXPECT_TRUE(tick_y.count(label)) << label;
   EXPECT_FALSE(tick_y.count("2"));
@@ -113,7 +113,7 @@ TEST(ComparePlots, SummaryNumbers) {
 }
 
 TEST(ComparePlots, RunNamesMustDiffer) {
-  std::vector<ComparedRun> runs = {{"same", synthetic(10, 1, 6), 0}, {"same", synthetic(10, 1, 6), 0}};
+  std::vector<ComparedRun> runs = {{"same", synthetic(10, 1, 6), 0, ""}, {"same", synthetic(10, 1, 6), 0, ""}};
   EXPECT_THROW(render_comparison(runs, {}), Error);
   EXPECT_THROW(render_comparison({}, {}), Error);
 }

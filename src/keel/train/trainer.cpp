@@ -409,7 +409,7 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
         abort_reason = "spikes.policy = abort";
       }
       json e = {{"step", step}, {"type", "spike"}, {"signal", v.signal}, {"action", to_string(action)}};
-      e["value"] = std::isfinite(v.value) ? json(v.value) : json(std::to_string(v.value));
+      e["value"] = std::isfinite(v.value) ? json(v.value) : json(nullptr);  // JSON has no NaN or Inf
       if (v.threshold > 0) e["threshold"] = v.threshold;
       events.write(e);
       step_events.push_back(e);
