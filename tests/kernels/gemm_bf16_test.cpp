@@ -72,7 +72,9 @@ TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
       }
     // The operands really were rounded: 8-bit significands move a sum of k >= 9 products by
     // ~1e-3, far above the fp32 summation error checked above.
-    if (cs.k >= 9) EXPECT_GT(bf16_vs_fp32, 20 * tol) << "k=" << cs.k;
+    if (cs.k >= 9) {
+      EXPECT_GT(bf16_vs_fp32, 20 * tol) << "k=" << cs.k;
+    }
     if (cs.beta != 0.f) {
       for (int64_t i = 0; i < cs.m; ++i) {
         EXPECT_EQ(native[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);  // padding untouched
