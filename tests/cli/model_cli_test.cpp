@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -138,6 +139,12 @@ TEST_F(ModelCli, PrecisionFlag) {
   const double l32 = loss("fp32"), l16 = loss("bf16");
   EXPECT_NE(l16, l32);
   EXPECT_LE(std::fabs(l16 - l32) / l32, 1e-3);
+  // KEEL_BF16_GEMM=portable forces the portable gemm: the same bf16 products, another
+  // summation order.
+  ::setenv("KEEL_BF16_GEMM", "portable", 1);
+  const double l16_portable = loss("bf16");
+  ::unsetenv("KEEL_BF16_GEMM");
+  EXPECT_LE(std::fabs(l16_portable - l16) / l16, 1e-4);
   for (const char* p : {"fp32", "bf16"}) {
     auto g = run_keel("grad --model " + path("m") + " --tokens " + tokens + " --precision " + p + " --out " +
                       path(std::string(p) + ".safetensors"));
