@@ -11,6 +11,7 @@ PACKAGES=(
   libomp-dev
   libdnnl-dev                       # gemm backend (docs/blas.md)
   libopenblas-dev libopenblas0-openmp libblis-dev   # alternative backend and the BLAS benchmark
+  chromium                          # renders the `keel compare` report in a test (headless)
 )
 
 missing=()

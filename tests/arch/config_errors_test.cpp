@@ -132,6 +132,18 @@ TEST(ConfigErrors, KeelExtensionIsChecked) {
   EXPECT_EQ(s.placement, NormPlacement::Sandwich);
   EXPECT_TRUE(s.attention.qkv_bias);
   EXPECT_DOUBLE_EQ(s.z_loss, 1e-4);
+  // keel.mlp: plain for the decoder families, never gated for gpt2 or plain for MoE.
+  c["keel"] = {{"mlp", "plain"}};
+  EXPECT_EQ(spec_from_config(c, "cfg.json").mlp.kind, FfnKind::Plain);
+  c["keel"] = {{"mlp", "swiglu"}};
+  EXPECT_EQ(spec_error(c).field(), "keel.mlp");
+  auto moe = nlohmann::json::parse(R"({"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 64,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256,
+      "num_local_experts": 4, "num_experts_per_tok": 2, "keel": {"mlp": "plain"}})");
+  EXPECT_EQ(spec_error(moe).field(), "keel.mlp");
+  auto gpt2 = nlohmann::json::parse(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+      "vocab_size": 256, "keel": {"mlp": "gated"}})");
+  EXPECT_EQ(spec_error(gpt2).field(), "keel.mlp");
 }
 
 TEST(ConfigErrors, MoeShapesAreChecked) {

@@ -113,6 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qknorm_qkvbias", "llama.json", {"keel.qk_norm=true", "keel.qkv_bias=true"}},
                       Case{"caps_zloss", "llama.json", {"keel.attn_softcap=5", "keel.final_softcap=3", "keel.z_loss=0.01"}},
                       Case{"geglu", "llama.json", {"hidden_act=gelu"}},
+                      Case{"plain_gelu_mlp", "llama.json", {"keel.mlp=plain", "hidden_act=gelu", "mlp_bias=true"}},
                       Case{"reglu_tied", "llama.json", {"hidden_act=relu", "tie_word_embeddings=true"}},
                       Case{"llama_bias", "llama.json", {"attention_bias=true", "mlp_bias=true"}},
                       Case{"partial_rotary", "qwen3.json", {"partial_rotary_factor=0.5"}},

@@ -33,6 +33,12 @@ struct XmlNode {
     collect(want, out, class_name);
     return out;
   }
+  // The character data of this node and all its descendants, in document order.
+  std::string all_text() const {
+    std::string out = text;
+    for (const auto& c : children) out += c->all_text();
+    return out;
+  }
 };
 
 // Throws std::runtime_error with the offset on the first problem.
@@ -68,6 +74,12 @@ inline std::unique_ptr<XmlNode> parse_xml(std::string_view s) {
       const size_t end = s.find("-->", i);
       if (end == std::string_view::npos) fail("unterminated comment");
       i = end + 3;
+      continue;
+    }
+    if (s.substr(i, 9) == "<!DOCTYPE") {  // HTML pages written as well-formed XML start with one
+      const size_t end = s.find('>', i);
+      if (end == std::string_view::npos) fail("unterminated doctype");
+      i = end + 1;
       continue;
     }
     if (s.substr(i, 2) == "<?") {

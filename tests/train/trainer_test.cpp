@@ -51,6 +51,18 @@ void write_dataset(const fs::path& dir) {
   std::ofstream(dir / "meta.json") << meta.dump(2);
 }
 
+// Flips one byte in the middle of a file (a damaged checkpoint).
+void flip_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const auto size = f.tellg();
+  char c = 0;
+  f.seekg(size / 2);
+  f.get(c);
+  f.seekp(size / 2);
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
 class Trainer : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -94,6 +106,22 @@ TEST_F(Trainer, LearnsAndWritesMetricsAndCheckpoints) {
   }
   EXPECT_EQ(m[0]["max_logit_per_head"].size(), 2u);     // layers
   EXPECT_EQ(m[0]["max_logit_per_head"][0].size(), 4u);  // heads
+  // Update-to-weight ratio: AdamW moves each weight by about lr per step, weights are ~0.02 at
+  // init, so the first (warmup) update is a few percent of the weights; it shrinks as lr decays.
+  for (const auto& line : m) {
+    ASSERT_TRUE(line["update_rms_ratio"].is_number());
+    EXPECT_GT(line["update_rms_ratio"].get<double>(), 1e-4);
+    EXPECT_LT(line["update_rms_ratio"].get<double>(), 0.5);
+    ASSERT_EQ(line["update_rms_ratio_per_layer"].size(), 2u);
+    ASSERT_EQ(line["activation_rms"].size(), 2u);
+    // The residual stream starts at the embeddings' scale (0.02) and grows through the blocks.
+    EXPECT_GT(line["activation_rms"][0].get<double>(), 0.01);
+    EXPECT_FALSE(line.contains("skipped"));
+    EXPECT_FALSE(line.contains("events"));
+  }
+  EXPECT_GT(m[39]["activation_rms"][1].get<double>(), m[0]["activation_rms"][1].get<double>());
+  EXPECT_GT(m[0]["update_rms_ratio"].get<double>(), m[39]["update_rms_ratio"].get<double>());
+  EXPECT_EQ(testing::slurp((dir_ / "run" / "events.jsonl").string()), "") << "a quiet run has no events";
   EXPECT_EQ(m[39]["tokens"], 40 * 4 * 32);
   EXPECT_TRUE(m[9].contains("val_loss"));
   EXPECT_FALSE(m[10].contains("val_loss"));
@@ -331,23 +359,14 @@ TEST_F(Trainer, TensorBoardOnRequest) {
 TEST_F(Trainer, CorruptOrForeignCheckpointsAreRefused) {
   auto r = testing::run_keel(run_cmd((dir_ / "run").string(), "--set run.steps=10"));
   ASSERT_EQ(r.status, 0) << r.err;
-  const fs::path ckpt = complete_checkpoints((dir_ / "run").string()).back();
-  // Flip one byte in the middle of the weights' data.
-  {
-    std::fstream f(ckpt / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(0, std::ios::end);
-    const auto size = f.tellg();
-    f.seekp(size / 2);
-    char c = 0;
-    f.seekg(size / 2);
-    f.get(c);
-    f.seekp(size / 2);
-    f.put(static_cast<char>(c ^ 0x5a));
-  }
+  // Every checkpoint damaged (one byte each): nothing to resume from, and the error names why.
+  for (const auto& ckpt : complete_checkpoints((dir_ / "run").string())) flip_byte(fs::path(ckpt) / "model.safetensors");
   auto bad = testing::run_keel("train --resume " + (dir_ / "run").string() + " --set run.steps=12");
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.err.find("checksum mismatch"), std::string::npos) << bad.err;
-  EXPECT_EQ(bad.err.find('\n'), bad.err.size() - 1);
+  EXPECT_EQ(bad.err.substr(bad.err.rfind("keel: error")).find('\n'), bad.err.size() - bad.err.rfind("keel: error") - 1);
+  // They are kept aside for inspection, not deleted.
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "corrupt_step_00000010"));
 
   // A checkpoint from another model config.
   auto r2 = testing::run_keel(run_cmd((dir_ / "run2").string(), "--set run.steps=5"));
@@ -386,6 +405,162 @@ TEST_F(Trainer, FullDiskWhileCheckpointingKeepsEarlierCheckpoints) {
   // The intact checkpoint still resumes.
   auto ok = testing::run_keel("train --resume " + (dir_ / "run").string() + " --set run.steps=6");
   EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// --- Spike handling under injected faults ([faults], spike_guard.hpp) ---
+
+std::vector<json> events_of(const fs::path& run) {
+  std::vector<json> out;
+  std::ifstream in(run / "events.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST_F(Trainer, SkipPolicyDropsANanGradientUpdateAndLosesNothingElse) {
+  auto clean = testing::run_keel(run_cmd((dir_ / "clean").string()));
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  auto r = testing::run_keel(run_cmd((dir_ / "run").string(), "--set spikes.policy=skip --set faults.nan_grad_steps=[12]"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("spike at step 12: nonfinite_grad"), std::string::npos) << r.out;
+  auto m = metrics(dir_ / "run"), c = metrics(dir_ / "clean");
+  ASSERT_EQ(m.size(), 40u);
+  // Up to the fault the two runs are the same run.
+  for (size_t i = 0; i < 11; ++i) EXPECT_EQ(m[i]["loss"], c[i]["loss"]) << i;
+  // Step 12 computed a finite loss but a NaN gradient; its update was dropped.
+  EXPECT_TRUE(m[11]["skipped"].get<bool>());
+  EXPECT_TRUE(m[11]["update_rms_ratio"].is_null());
+  EXPECT_TRUE(m[11]["grad_norm"].is_null());
+  ASSERT_EQ(m[11]["events"].size(), 1u);
+  EXPECT_EQ(m[11]["events"][0]["signal"], "nonfinite_grad");
+  EXPECT_EQ(m[11]["events"][0]["action"], "skip");
+  // Every other step trained, every value stayed finite, and the run ends as well as the clean one.
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(m[i]["step"], i + 1);
+    ASSERT_TRUE(m[i]["loss"].is_number()) << i;
+    if (i != 11) {
+      EXPECT_FALSE(m[i].contains("skipped")) << i;
+    }
+  }
+  EXPECT_EQ(m[39]["tokens"], c[39]["tokens"]);
+  EXPECT_NEAR(m[39]["val_loss"].get<double>(), c[39]["val_loss"].get<double>(), 0.1);
+  auto ev = events_of(dir_ / "run");
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0]["type"], "spike");
+  EXPECT_EQ(ev[1]["type"], "skip");
+  EXPECT_EQ(ev[1]["step"], 12);
+
+  // The skip budget is bounded: a second NaN with max_skips = 1 aborts, keeping the checkpoints.
+  auto b = testing::run_keel(run_cmd((dir_ / "budget").string(),
+                                     "--set spikes.policy=skip --set spikes.max_skips=1 --set faults.nan_grad_steps=[7,13]"));
+  EXPECT_EQ(b.status, 2);
+  EXPECT_NE(b.err.find("diverged at step 13"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("spikes.max_skips"), std::string::npos) << b.err;
+  auto bev = events_of(dir_ / "budget");
+  ASSERT_FALSE(bev.empty());
+  EXPECT_EQ(bev.back()["type"], "abort");
+  EXPECT_EQ(bev.back()["step"], 13);
+  EXPECT_EQ(fs::path(complete_checkpoints((dir_ / "budget").string()).back()).filename(), "step_00000010");
+}
+
+TEST_F(Trainer, WarnAndAbortPoliciesStopAtANanAndKeepTheCheckpoints) {
+  // warn cannot train through a NaN (the old behaviour); abort stops at any spike.
+  for (auto [name, extra] : {std::pair{"warn", "--set faults.nan_grad_steps=[12]"},
+                             std::pair{"abort", "--set spikes.policy=abort --set faults.nan_grad_steps=[12]"}}) {
+    auto r = testing::run_keel(run_cmd((dir_ / name).string(), extra));
+    EXPECT_EQ(r.status, 2) << name;
+    EXPECT_NE(r.err.find("training diverged at step 12 (nonfinite_grad)"), std::string::npos) << r.err;
+    auto m = metrics(dir_ / name);
+    EXPECT_EQ(m.size(), 11u) << name;
+    auto ev = events_of(dir_ / name);
+    ASSERT_EQ(ev.size(), 2u) << name;
+    EXPECT_EQ(ev[0]["action"], "abort");
+    EXPECT_EQ(ev[1]["type"], "abort");
+    auto ckpts = complete_checkpoints((dir_ / name).string());
+    ASSERT_EQ(ckpts.size(), 2u);
+    EXPECT_EQ(fs::path(ckpts.back()).filename(), "step_00000010");
+  }
+  // A poisoned batch is a finite loss spike: warn records it and trains on.
+  auto w = testing::run_keel(run_cmd((dir_ / "poison_warn").string(), "--set faults.poison_steps=[22]"));
+  ASSERT_EQ(w.status, 0) << w.err;
+  auto ev = events_of(dir_ / "poison_warn");
+  ASSERT_GE(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["step"], 22);
+  EXPECT_EQ(ev[0]["signal"], "loss");
+  EXPECT_EQ(ev[0]["action"], "warn");
+  EXPECT_GT(ev[0]["value"].get<double>(), ev[0]["threshold"].get<double>());
+}
+
+TEST_F(Trainer, RollbackSkipsThePoisonedWindowPastADamagedCheckpoint) {
+  auto clean = testing::run_keel(run_cmd((dir_ / "clean").string()));
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  // Step 22 draws random tokens; the checkpoint of step 20 is damaged on disk after its save.
+  auto r = testing::run_keel(run_cmd((dir_ / "run").string(), "--set spikes.policy=rollback --set faults.poison_steps=[22] "
+                                                              "--set faults.corrupt_checkpoint_steps=[20]"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto ev = events_of(dir_ / "run");
+  ASSERT_EQ(ev.size(), 3u) << r.out;
+  EXPECT_EQ(ev[0]["type"], "spike");
+  EXPECT_EQ(ev[0]["signal"], "loss");
+  EXPECT_EQ(ev[0]["step"], 22);
+  EXPECT_EQ(ev[1]["type"], "checkpoint_corrupt");
+  EXPECT_NE(ev[1]["checkpoint"].get<std::string>().find("step_00000020"), std::string::npos);
+  EXPECT_EQ(ev[2]["type"], "rollback");
+  EXPECT_EQ(ev[2]["to_step"], 15);
+  // 4 sequences a step: the checkpoint's cursor is 60, the poisoned step ended at 88.
+  EXPECT_EQ(ev[2]["skipped_sequences"], json::array({60, 88}));
+  auto m = metrics(dir_ / "run"), c = metrics(dir_ / "clean");
+  ASSERT_EQ(m.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(m[i]["step"], i + 1);
+    ASSERT_TRUE(m[i]["loss"].is_number());
+    if (i < 15) {
+      EXPECT_EQ(m[i]["loss"], c[i]["loss"]) << i;
+    }
+  }
+  // The replayed steps trained on fresh data: no second spike, and the run ends as well as the clean one.
+  EXPECT_LT(m[21]["loss"].get<double>(), ev[0]["threshold"].get<double>());
+  EXPECT_NEAR(m[39]["val_loss"].get<double>(), c[39]["val_loss"].get<double>(), 0.15);
+  ASSERT_EQ(m[15]["events"].size(), 2u);  // the first line after the rollback carries it
+  EXPECT_EQ(m[15]["events"][1]["type"], "rollback");
+  // The damaged checkpoint is kept aside; the run's checkpoints are intact and resume.
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "corrupt_step_00000020"));
+  auto more = testing::run_keel("train --resume " + (dir_ / "run").string() + " --set run.steps=42");
+  EXPECT_EQ(more.status, 0) << more.err;
+}
+
+TEST_F(Trainer, ResumePastADamagedLatestCheckpointMatchesTheUninterruptedRun) {
+  // A constant schedule, so a 20-step run is the first half of the 40-step one.
+  auto full = testing::run_keel(run_cmd((dir_ / "full").string(), "--set schedule.kind=constant"));
+  ASSERT_EQ(full.status, 0) << full.err;
+  auto part = testing::run_keel(run_cmd((dir_ / "run").string(), "--set schedule.kind=constant --set run.steps=20"));
+  ASSERT_EQ(part.status, 0) << part.err;
+  flip_byte(fs::path(complete_checkpoints((dir_ / "run").string()).back()) / "optimizer.safetensors");
+  auto r = testing::run_keel("train --resume " + (dir_ / "run").string() + " --set run.steps=40");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("step_00000020 is damaged"), std::string::npos) << r.out;
+  auto m = metrics(dir_ / "run"), f = metrics(dir_ / "full");
+  ASSERT_EQ(m.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(m[i]["loss"], f[i]["loss"]) << i;
+    EXPECT_EQ(m[i]["grad_norm"], f[i]["grad_norm"]) << i;
+  }
+  auto ev = events_of(dir_ / "run");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["type"], "checkpoint_corrupt");
+}
+
+TEST_F(Trainer, SpikeAndFaultConfigErrorsNameTheKey) {
+  for (auto [extra, key] : {std::pair{"--set spikes.policy=retry", "spikes.policy"},
+                            std::pair{"--set spikes.threshold=0", "spikes.threshold"},
+                            std::pair{"--set spikes.min_history=500", "spikes.min_history"},
+                            std::pair{"--set faults.poison_steps=[0]", "faults.poison_steps"},
+                            std::pair{"--set spikes.windw=5", "spikes.windw"}}) {
+    auto r = testing::run_keel(run_cmd((dir_ / "bad").string(), extra));
+    EXPECT_EQ(r.status, 2) << extra;
+    EXPECT_NE(r.err.find(key), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(dir_ / "bad" / "checkpoints"));
+  }
 }
 
 }  // namespace

@@ -107,6 +107,11 @@ class LayoutBuilder {
     const auto& moe = s_.moe;
     const auto family = s_.family;
     if (!s_.is_moe_layer(layer)) {
+      if (s_.mlp.kind == FfnKind::Plain) {  // keel.mlp = "plain": up, activation, down
+        linear(p + ".mlp.up_proj", s_.mlp.intermediate_size, s_.hidden_size, s_.mlp.bias, Component::Mlp, layer);
+        linear(p + ".mlp.down_proj", s_.hidden_size, s_.mlp.intermediate_size, s_.mlp.bias, Component::Mlp, layer);
+        return;
+      }
       gated_mlp(p + ".mlp", s_.mlp.intermediate_size, s_.mlp.bias, Component::Mlp, layer);
       return;
     }

@@ -107,13 +107,13 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   auto it = config.find("keel");
   if (it == config.end() || it->is_null()) return;
   if (!it->is_object()) throw Error(source, "keel", "expected an object, got a " + std::string(it->type_name()));
-  static const std::set<std::string> known = {"norm", "norm_placement", "qk_norm", "qkv_bias",
-                                              "z_loss", "attn_softcap", "final_softcap", "mla_latent_norms"};
+  static const std::set<std::string> known = {"norm",         "norm_placement", "qk_norm",       "qkv_bias", "z_loss",
+                                              "attn_softcap", "final_softcap",  "mla_latent_norms", "mlp"};
   for (const auto& [key, value] : it->items()) {
     if (!known.contains(key)) {
       throw Error(source, "keel." + key,
                   "unknown key; supported: norm, norm_placement, qk_norm, qkv_bias, z_loss, "
-                  "attn_softcap, final_softcap, mla_latent_norms");
+                  "attn_softcap, final_softcap, mla_latent_norms, mlp");
     }
   }
   ConfigReader r(*it, source, "keel.");
@@ -146,6 +146,18 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   if (r.has("mla_latent_norms")) {
     spec.attention.mla_latent_norms = r.optional_bool("mla_latent_norms", true);
     if (!row.mla) r.fail("mla_latent_norms", "only MLA families (deepseek_v3, kimi_k2) have latent norms");
+  }
+  if (r.has("mlp")) {
+    // "plain": up_proj → activation → down_proj (the pre-GLU MLP, e.g. GELU at 4×), for
+    // comparing FFN kinds inside one family; "gated" is the family's own GLU.
+    auto kind = r.optional_string("mlp", "");
+    if (kind == "plain") spec.mlp.kind = FfnKind::Plain;
+    else if (kind == "gated") spec.mlp.kind = FfnKind::Gated;
+    else r.fail("mlp", "unknown MLP kind '" + kind + "'; supported: gated, plain");
+    if (row.gpt2_fields && spec.mlp.kind != FfnKind::Plain) r.fail("mlp", "gpt2's MLP is plain only");
+    if (row.moe != MoeLayout::Dense && spec.mlp.kind == FfnKind::Plain) {
+      r.fail("mlp", "MoE families keep gated MLPs (their experts are GLUs)");
+    }
   }
   spec.z_loss = r.optional_number("z_loss", 0.0, 0.0, 1e3);
   spec.attention.softcap = r.optional_number("attn_softcap", 0.0, 0.0, 1e6);

@@ -11,5 +11,6 @@ void register_data_commands(CLI::App& app);   // data prepare
 void register_generate_commands(CLI::App& app);  // generate, export
 void register_tokenizer_commands(CLI::App& app);  // tokenize, tokenizer train
 void register_report_commands(CLI::App& app);     // plot
+void register_compare_commands(CLI::App& app);    // compare
 
 }  // namespace keel::cli

@@ -167,6 +167,7 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
                      -std::numeric_limits<float>::infinity());
   expert_load_.assign(static_cast<size_t>(spec.num_layers * spec.moe.num_experts), 0.0f);
   router_entropy_.assign(static_cast<size_t>(spec.num_layers), 0.0f);
+  activation_ms_.assign(static_cast<size_t>(spec.num_layers), 0.0);
 }
 
 void TransformerModel::update_router_bias(float speed) {
@@ -202,6 +203,10 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   const int64_t heads = spec_.attention.num_heads;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = blocks_[l]->forward(store_, arena_, x, s, max_logits_.data() + l * heads);
+    double sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t i = 0; i < n * h; ++i) sum += static_cast<double>(x[i]) * x[i];
+    activation_ms_[l] = sum / static_cast<double>(n * h);
     if (const Moe* m = blocks_[l]->moe()) {
       std::copy(m->load().begin(), m->load().end(), expert_load_.begin() + static_cast<int64_t>(l) * m->experts());
       router_entropy_[l] = static_cast<float>(m->entropy());

@@ -79,6 +79,10 @@ class TransformerModel {
   // experts) with zero rows for dense layers; mean router entropy (nats) per layer, 0 for dense.
   const std::vector<float>& expert_load() const { return expert_load_; }
   const std::vector<float>& router_entropy() const { return router_entropy_; }
+  // Per layer, of the last forward: the mean square of the residual stream after the block
+  // (its RMS², averaged over tokens and channels). Growth with depth or over training is the
+  // early sign of the instabilities docs/training.md lists.
+  const std::vector<double>& activation_mean_square() const { return activation_ms_; }
   // After each optimizer step: the auxiliary-loss-free bias update (DeepSeek-V3 §2.1.2) of every
   // e_score_correction_bias from the routing of the forward_backward calls since the last one.
   void update_router_bias(float speed);
@@ -100,6 +104,7 @@ class TransformerModel {
   Arena arena_;
   std::vector<float> max_logits_;
   std::vector<float> expert_load_, router_entropy_;
+  std::vector<double> activation_ms_;
   const int32_t* tokens_ = nullptr;
   float* last_block_out_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::Fp32;

@@ -216,9 +216,10 @@ Mlp::Mlp(ParameterStore& store, const std::string& p, const arch::ModelSpec& spe
     b_down_ = store.add(p + ".c_proj.bias", {hidden_}, Init::Zeros, false);
     return;
   }
-  KEEL_CHECK(gated_);
-  w_gate_ = store.add(p + ".gate_proj.weight", {width_, hidden_}, Init::Normal, true, true);
-  if (bias_) b_gate_ = store.add(p + ".gate_proj.bias", {width_}, Init::Zeros, false);
+  if (gated_) {
+    w_gate_ = store.add(p + ".gate_proj.weight", {width_, hidden_}, Init::Normal, true, true);
+    if (bias_) b_gate_ = store.add(p + ".gate_proj.bias", {width_}, Init::Zeros, false);
+  }
   w_up_ = store.add(p + ".up_proj.weight", {width_, hidden_}, Init::Normal, true, true);
   if (bias_) b_up_ = store.add(p + ".up_proj.bias", {width_}, Init::Zeros, false);
   w_down_ = store.add(p + ".down_proj.weight", {hidden_, width_}, Init::Normal, true, true);

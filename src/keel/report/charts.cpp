@@ -151,7 +151,7 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   }
   bool labelled_refs = false;
   for (const auto& r : chart.ref_lines) labelled_refs |= !r.label.empty();
-  const bool has_legend = !named.empty() || any_bad || labelled_refs;
+  const bool has_legend = !named.empty() || any_bad || labelled_refs || !chart.mark_kinds.empty();
   const double legend_y = cursor + 18;
   if (has_legend) cursor += 20;
   cursor += 10;
@@ -195,6 +195,15 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
     // Reference lines are named here rather than on the line, where data would cover the label.
     for (const auto& r : chart.ref_lines) {
       if (!r.label.empty()) lx += legend_entry(svg, lx, legend_y - 4, r.label, r.color, true, false, true, 1);
+    }
+    for (const auto& k : chart.mark_kinds) {
+      if (k.dash.empty()) {
+        lx += legend_entry(svg, lx, legend_y - 4, k.label, kMuted, true, false, false, 1);
+      } else {
+        svg.line(lx, legend_y - 4, lx + 20, legend_y - 4, kMuted, 2, {Attr("stroke-dasharray", k.dash)});
+        svg.text(lx + 25, legend_y, k.label, 11, "start", {Attr("fill", kInk)});
+        lx += 25 + text_width(k.label, 11) + 16;
+      }
     }
     if (any_bad) legend_entry(svg, lx, legend_y - 4, "non-finite", kBad, false, false, false, 1, true);
   }
@@ -253,6 +262,24 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   for (const auto& r : chart.ref_lines) {
     if (!plottable(ty(r.y))) continue;
     svg.line(plot_left, sy(ty(r.y)), plot_left + plot_w, sy(ty(r.y)), r.color, 1.2, {Attr("stroke-dasharray", "6,4")});
+  }
+  // Event marks under the series: a line over the plot's height and a small triangle on top.
+  if (!chart.x_marks.empty()) {
+    svg.open("g", {Attr("class", "x-marks")});
+    for (const auto& m : chart.x_marks) {
+      if (!plottable(m.x) || m.x < xr.lo || m.x > xr.hi) continue;
+      const double x = sx(m.x);
+      svg.open("g", {Attr("class", "x-mark")});
+      if (!m.tooltip.empty()) svg.text_element("title", {}, m.tooltip);
+      if (m.dash.empty()) {
+        svg.line(x, plot_top, x, plot_top + plot_h, m.color, 1.4, {Attr("opacity", 0.8)});
+      } else {
+        svg.line(x, plot_top, x, plot_top + plot_h, m.color, 1.4, {Attr("opacity", 0.8), Attr("stroke-dasharray", m.dash)});
+      }
+      svg.element("path", {Attr("d", path_move(x - 5, plot_top) + "l10,0l-5,8z"), Attr("fill", m.color)});
+      svg.close();
+    }
+    svg.close();
   }
   for (const auto& s : chart.series) {
     svg.open("g", {Attr("class", "series"), Attr("opacity", s.opacity)});

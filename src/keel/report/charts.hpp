@@ -44,6 +44,20 @@ struct RefLine {
   std::string color = "#888888";
 };
 
+// A vertical mark at one x (a stability event: spike, skipped update, rollback, abort), in the
+// colour of the run it belongs to; hovering shows the tooltip. `dash` tells kinds apart.
+struct XMark {
+  double x = 0;
+  std::string color = "#888888";
+  std::string tooltip;
+  std::string dash;  // stroke-dasharray; empty: solid
+};
+// A legend entry for a kind of mark (drawn in grey with its dash pattern).
+struct MarkKind {
+  std::string label;
+  std::string dash;
+};
+
 struct LineChart {
   std::string title, subtitle;
   std::string x_label, y_label;
@@ -59,6 +73,8 @@ struct LineChart {
   // Logarithmic y (base 10) for values spanning decades (max logits of 20 next to 2000);
   // non-positive values are left out (a gap), ticks at 1-2-5 times powers of ten.
   bool y_log = false;
+  std::vector<XMark> x_marks;          // drawn under the series, over the full plot height
+  std::vector<MarkKind> mark_kinds;    // legend entries for the marks
   std::string empty_note = "no data";  // shown when no series has a finite point
   double min_left_margin = 60;         // room for y labels at least: stacked panels align
 };

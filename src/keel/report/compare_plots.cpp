@@ -54,41 +54,104 @@ Points clipped_share(const RunMetrics& m) {
   return p;
 }
 
-std::string fmt(double v) { return std::isfinite(v) ? format_value(v) : "\u2013"; }
-
 std::string render_index(const std::vector<ComparedRun>& runs, const std::vector<PlotFile>& svgs,
                          const std::string& title) {
   std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << escape_xml(title)
-    << "</title>\n<style>body{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;"
-       "margin:24px auto;max-width:1200px;color:#222;padding:0 16px}figure{margin:20px 0}"
-       "svg{max-width:100%;height:auto;display:block}table{border-collapse:collapse}"
-       "td,th{padding:3px 12px;border-bottom:1px solid #eee;text-align:left}"
-       "td.n{text-align:right;font-variant-numeric:tabular-nums}</style></head><body>\n";
+  h << html_page_start(title);
   h << "<h1>" << escape_xml(title) << "</h1>\n<table>\n<tr><th>run</th><th>steps</th><th>final train loss</th>"
        "<th>final val loss</th><th>best val loss</th><th>peak max logit (step)</th><th>final max logit</th>"
        "<th>clipped head-steps</th><th>tokens/s</th><th>diverged</th></tr>\n";
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunSummary s = summarize(runs[i].metrics);
-    h << "<tr><td><span style=\"color:" << categorical_color(i) << "\">\u25a0</span> " << escape_xml(runs[i].name)
-      << "</td><td class=\"n\">" << fmt(s.steps) << "</td><td class=\"n\">" << fmt(s.final_loss)
-      << "</td><td class=\"n\">" << fmt(s.final_val_loss) << "</td><td class=\"n\">" << fmt(s.best_val_loss)
-      << "</td><td class=\"n\">" << fmt(s.peak_max_logit) << " (" << fmt(s.peak_step) << ")</td><td class=\"n\">"
-      << fmt(s.final_max_logit) << "</td><td class=\"n\">"
+    h << "<tr><td><span style=\"color:" << run_color(runs[i], i) << "\">\u25a0</span> " << escape_xml(runs[i].name)
+      << "</td><td class=\"n\">" << table_number(s.steps) << "</td><td class=\"n\">" << table_number(s.final_loss)
+      << "</td><td class=\"n\">" << table_number(s.final_val_loss) << "</td><td class=\"n\">" << table_number(s.best_val_loss)
+      << "</td><td class=\"n\">" << table_number(s.peak_max_logit) << " (" << table_number(s.peak_step) << ")</td><td class=\"n\">"
+      << table_number(s.final_max_logit) << "</td><td class=\"n\">"
       << (runs[i].qk_clip_tau > 0 ? format_value(100 * s.clipped_share) + "% (\u03c4 = " + format_value(runs[i].qk_clip_tau) + ")"
                                   : "\u2013")
-      << "</td><td class=\"n\">" << fmt(s.tokens_per_s) << "</td><td>" << (s.diverged ? "yes" : "no") << "</td></tr>\n";
+      << "</td><td class=\"n\">" << table_number(s.tokens_per_s) << "</td><td>" << (s.diverged ? "yes" : "no") << "</td></tr>\n";
   }
   h << "</table>\n";
-  for (const auto& f : svgs) {
-    h << "<figure id=\"" << escape_xml(f.name) << "\">\n" << f.content << "<figcaption>" << escape_xml(f.name)
-      << "</figcaption></figure>\n";
-  }
+  for (const auto& f : svgs) h << html_figure(f);
   h << "</body></html>\n";
   return h.str();
 }
 
 }  // namespace
+
+std::string run_color(const ComparedRun& run, size_t i) { return run.color.empty() ? categorical_color(i) : run.color; }
+
+OverlayCharts overlay_charts(const std::vector<ComparedRun>& runs, const std::string& prefix) {
+  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
+  for (const auto& r : runs) {
+    if (r.metrics.steps.empty()) continue;
+    x_lo = std::min(x_lo, r.metrics.steps.front());
+    x_hi = std::max(x_hi, r.metrics.steps.back());
+  }
+  OverlayCharts oc;
+  LineChart& loss = oc.loss;
+  loss = base_chart(prefix + "Training loss", "loss");
+  loss.subtitle = "centered moving median of each run";
+  LineChart& val = oc.val_loss;
+  val = base_chart(prefix + "Validation loss", "loss");
+  LineChart& logit = oc.max_logit;
+  logit = base_chart(prefix + "Max attention logit (log scale)", "max q\u00b7k/\u221ad");
+  logit.y_log = true;
+  logit.y_si = true;
+  logit.subtitle = "largest scaled pre-softmax logit over all layers and heads, per step";
+  LineChart& clipped = oc.clipped;
+  clipped = base_chart(prefix + "Share of heads clipped by QK-Clip", "clipped heads / all heads");
+  clipped.subtitle = "centered moving median of each clipping run";
+  clipped.y_include = {0};
+  LineChart& grad = oc.grad_norm;
+  grad = base_chart(prefix + "Gradient norm (before clipping)", "L2 norm");
+  grad.subtitle = "centered moving median of each run";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunMetrics& m = runs[i].metrics;
+    const std::string color = run_color(runs[i], i);
+    if (!m.loss.empty()) loss.series.push_back(smoothed(m.loss, runs[i].name, color));
+    if (!m.val_loss.empty()) {
+      Series s = series_of(m.val_loss, runs[i].name, color);
+      s.points = true;
+      val.series.push_back(s);
+    }
+    if (!m.max_logit.empty()) {
+      Series s = series_of(m.max_logit, runs[i].name, color);
+      s.width = 1.2;
+      logit.series.push_back(s);
+    }
+    if (runs[i].qk_clip_tau > 0) {
+      logit.ref_lines.push_back({runs[i].qk_clip_tau, "\u03c4 of " + runs[i].name, color});
+      if (!m.qk_clip_heads.empty()) {
+        clipped.series.push_back(smoothed(clipped_share(m), runs[i].name, color));
+        oc.any_clip = true;
+      }
+    }
+    if (!m.grad_norm.empty()) grad.series.push_back(smoothed(m.grad_norm, runs[i].name, color));
+  }
+  for (LineChart* c : {&loss, &val, &logit, &grad, &clipped}) {
+    if (x_lo <= x_hi) c->x_domain = std::make_pair(x_lo, x_hi);
+  }
+  return oc;
+}
+
+std::string html_page_start(const std::string& title) {
+  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>" + escape_xml(title) +
+         "</title>\n<style>body{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;"
+         "margin:24px auto;max-width:1200px;color:#222;padding:0 16px}figure{margin:20px 0}"
+         "svg{max-width:100%;height:auto;display:block}table{border-collapse:collapse}"
+         "td,th{padding:3px 12px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}"
+         "td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#8a6d3b}"
+         ".bad{color:#c0392b;font-weight:600}.muted{color:#666}.name{white-space:nowrap}code{font-size:90%}h2{margin-top:32px}</style></head><body>\n";
+}
+
+std::string html_figure(const PlotFile& f) {
+  return "<figure id=\"" + escape_xml(f.name) + "\">\n" + f.content + "<figcaption>" + escape_xml(f.name) +
+         "</figcaption></figure>\n";
+}
+
+std::string table_number(double v) { return std::isfinite(v) ? format_value(v) : "\u2013"; }
 
 RunSummary summarize(const RunMetrics& m) {
   RunSummary s;
@@ -142,55 +205,12 @@ RunPlots render_comparison(const std::vector<ComparedRun>& runs, const PlotSetti
   for (const auto& r : runs) {
     if (!names.insert(r.name).second) throw Error(r.metrics.path, "", "two runs are named '" + r.name + "'; names must differ");
   }
-  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
-  for (const auto& r : runs) {
-    if (r.metrics.steps.empty()) continue;
-    x_lo = std::min(x_lo, r.metrics.steps.front());
-    x_hi = std::max(x_hi, r.metrics.steps.back());
-  }
   const std::string prefix = settings.run_name.empty() ? "" : settings.run_name + ": ";
-
-  LineChart loss = base_chart(prefix + "Training loss", "loss");
-  loss.subtitle = "centered moving median of each run";
-  LineChart val = base_chart(prefix + "Validation loss", "loss");
-  LineChart logit = base_chart(prefix + "Max attention logit (log scale)", "max q\u00b7k/\u221ad");
-  logit.y_log = true;
-  logit.y_si = true;
-  logit.subtitle = "largest scaled pre-softmax logit over all layers and heads, per step";
-  LineChart clipped = base_chart(prefix + "Share of heads clipped by QK-Clip", "clipped heads / all heads");
-  clipped.subtitle = "centered moving median of each clipping run";
-  clipped.y_include = {0};
-  LineChart grad = base_chart(prefix + "Gradient norm (before clipping)", "L2 norm");
-  grad.subtitle = "centered moving median of each run";
-  bool any_clip = false;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const RunMetrics& m = runs[i].metrics;
-    const std::string color = categorical_color(i);
-    if (!m.loss.empty()) loss.series.push_back(smoothed(m.loss, runs[i].name, color));
-    if (!m.val_loss.empty()) {
-      Series s = series_of(m.val_loss, runs[i].name, color);
-      s.points = true;
-      val.series.push_back(s);
-    }
-    if (!m.max_logit.empty()) {
-      Series s = series_of(m.max_logit, runs[i].name, color);
-      s.width = 1.2;
-      logit.series.push_back(s);
-    }
-    if (runs[i].qk_clip_tau > 0) {
-      logit.ref_lines.push_back({runs[i].qk_clip_tau, "\u03c4 of " + runs[i].name, color});
-      if (!m.qk_clip_heads.empty()) {
-        clipped.series.push_back(smoothed(clipped_share(m), runs[i].name, color));
-        any_clip = true;
-      }
-    }
-    if (!m.grad_norm.empty()) grad.series.push_back(smoothed(m.grad_norm, runs[i].name, color));
-  }
+  OverlayCharts oc = overlay_charts(runs, prefix);
+  LineChart &loss = oc.loss, &val = oc.val_loss, &logit = oc.max_logit, &grad = oc.grad_norm, &clipped = oc.clipped;
+  const bool any_clip = oc.any_clip;
   std::vector<LineChart*> charts = {&loss, &val, &logit, &grad};
   if (any_clip) charts.push_back(&clipped);
-  for (LineChart* c : charts) {
-    if (x_lo <= x_hi) c->x_domain = std::make_pair(x_lo, x_hi);
-  }
 
   RunPlots out;
   out.files.push_back({"compare_loss.svg", render_line_chart(loss, 960, 440)});

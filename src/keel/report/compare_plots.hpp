@@ -14,7 +14,30 @@ struct ComparedRun {
   std::string name;          // legend entry and file-name suffix
   RunMetrics metrics;
   double qk_clip_tau = 0;    // > 0: the run clipped at this tau
+  std::string color;         // empty: the palette's colour of the run's position
 };
+
+// The colour of runs[i]: its own, else categorical_color(i).
+std::string run_color(const ComparedRun& run, size_t i);
+
+// The charts that overlay every run, one colour each, on a shared step axis (the building block
+// of `keel plot A B` and `keel compare`). `prefix` starts each title.
+struct OverlayCharts {
+  LineChart loss;       // training loss, centered moving median
+  LineChart val_loss;   // points
+  LineChart max_logit;  // log scale, each clipping run's tau dashed
+  LineChart grad_norm;  // centered moving median
+  LineChart clipped;    // share of heads clipped (when any run clipped)
+  bool any_clip = false;
+};
+OverlayCharts overlay_charts(const std::vector<ComparedRun>& runs, const std::string& prefix);
+
+// The start of a self-contained HTML page (inline CSS, nothing fetched): doctype, head, <body>.
+std::string html_page_start(const std::string& title);
+// An inline SVG in a <figure> with its file name as caption.
+std::string html_figure(const PlotFile& file);
+// A number for a table cell: 4 significant digits, an en dash when not finite.
+std::string table_number(double v);
 
 // Summary numbers of one run, as the comparison table shows them.
 struct RunSummary {

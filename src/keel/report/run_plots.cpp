@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
@@ -78,6 +79,48 @@ std::vector<double> per_head_values(const json& v, const std::string& loc, int64
                     std::to_string(layers) + " x " + std::to_string(heads));
   }
   return out;
+}
+
+// A per-layer array of one line (null entries are NaN); every line has the same length.
+std::vector<double> layer_values(const json& v, const std::string& loc, const char* key, int64_t& layers) {
+  if (!v.is_array() || v.empty()) throw Error(loc, key, "expected an array with one number per layer");
+  std::vector<double> out;
+  for (const auto& x : v) out.push_back(to_number(x, loc, key));
+  const auto n = static_cast<int64_t>(out.size());
+  if (layers == 0) {
+    layers = n;
+  } else if (layers != n) {
+    throw Error(loc, key, "has " + std::to_string(n) + " layers; earlier lines have " + std::to_string(layers));
+  }
+  return out;
+}
+
+std::string string_field(const json& obj, const char* key, const std::string& loc) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return "";
+  if (!it->is_string()) throw Error(loc, key, std::string("expected a string, got ") + type_name(*it));
+  return it->get<std::string>();
+}
+
+double number_field(const json& obj, const char* key, const std::string& loc) {
+  const auto it = obj.find(key);
+  return it == obj.end() ? kNaN : to_number(*it, loc, key);
+}
+
+// One event object; `step` is the line's step in metrics.jsonl, the record's own in events.jsonl.
+RunEvent event_of(const json& e, const std::string& loc, double step) {
+  if (!e.is_object()) throw Error(loc, "events", std::string("expected an object, got ") + type_name(e));
+  RunEvent ev;
+  ev.step = step;
+  ev.type = string_field(e, "type", loc);
+  if (ev.type.empty()) throw Error(loc, "type", "missing: every event names its type");
+  ev.signal = string_field(e, "signal", loc);
+  ev.action = string_field(e, "action", loc);
+  ev.reason = string_field(e, "reason", loc);
+  ev.value = number_field(e, "value", loc);
+  ev.threshold = number_field(e, "threshold", loc);
+  ev.to_step = number_field(e, "to_step", loc);
+  return ev;
 }
 
 // ---- chart helpers ----
@@ -287,7 +330,7 @@ double read_qk_clip_tau(const std::string& run_dir) {
 RunMetrics parse_metrics(std::string_view text, const std::string& path) {
   RunMetrics m;
   m.path = path;
-  std::vector<std::vector<double>> per_head_lines;
+  std::vector<std::vector<double>> per_head_lines, activation_lines, update_lines;
   size_t pos = 0, line_no = 0;
   while (pos < text.size()) {
     const size_t nl = text.find('\n', pos);
@@ -317,11 +360,14 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
       while (!m.steps.empty() && m.steps.back() >= step) {
         m.steps.pop_back();
         per_head_lines.pop_back();
+        activation_lines.pop_back();
+        update_lines.pop_back();
       }
       for (Points* p : {&m.tokens, &m.loss, &m.ce, &m.lr, &m.grad_norm, &m.tokens_per_s, &m.max_logit,
-                        &m.val_loss, &m.qk_clip_heads}) {
+                        &m.val_loss, &m.qk_clip_heads, &m.update_rms_ratio, &m.skipped}) {
         truncate_from(*p, step);
       }
+      std::erase_if(m.events, [step](const RunEvent& e) { return e.step >= step; });
     }
     m.steps.push_back(step);
     add_point(m.tokens, obj, "tokens", step, loc);
@@ -333,6 +379,25 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
     add_point(m.max_logit, obj, "max_logit", step, loc);
     add_point(m.val_loss, obj, "val_loss", step, loc);
     add_point(m.qk_clip_heads, obj, "qk_clip_heads", step, loc);
+    add_point(m.update_rms_ratio, obj, "update_rms_ratio", step, loc);
+    if (const auto sk = obj.find("skipped"); sk != obj.end() && !sk->is_null()) {
+      if (!sk->is_boolean()) throw Error(loc, "skipped", std::string("expected true or false, got ") + type_name(*sk));
+      m.skipped.step.push_back(step);
+      m.skipped.value.push_back(sk->get<bool>() ? 1 : 0);
+    }
+    if (const auto ev = obj.find("events"); ev != obj.end() && !ev->is_null()) {
+      if (!ev->is_array()) throw Error(loc, "events", std::string("expected an array of objects, got ") + type_name(*ev));
+      for (const auto& e : *ev) m.events.push_back(event_of(e, loc, step));
+    }
+    for (auto [key, lines, series] : {std::tuple{"activation_rms", &activation_lines, &m.activation_rms},
+                                      std::tuple{"update_rms_ratio_per_layer", &update_lines, &m.update_rms_ratio_per_layer}}) {
+      const auto it = obj.find(key);
+      if (it != obj.end() && !it->is_null()) {
+        lines->push_back(layer_values(*it, loc, key, series->layers));
+      } else {
+        lines->emplace_back();
+      }
+    }
     const auto ph = obj.find("max_logit_per_head");
     if (ph != obj.end() && !ph->is_null()) {
       per_head_lines.push_back(per_head_values(*ph, loc, m.layers, m.heads));
@@ -348,7 +413,53 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
       std::copy(per_head_lines[s].begin(), per_head_lines[s].end(), m.per_head.begin() + static_cast<std::ptrdiff_t>(s * cells));
     }
   }
+  for (auto [lines, series] : {std::pair{&activation_lines, &m.activation_rms},
+                                std::pair{&update_lines, &m.update_rms_ratio_per_layer}}) {
+    if (series->empty()) continue;
+    const auto layers = static_cast<size_t>(series->layers);
+    series->values.assign(m.steps.size() * layers, kNaN);
+    for (size_t s = 0; s < lines->size(); ++s) {
+      std::copy((*lines)[s].begin(), (*lines)[s].end(), series->values.begin() + static_cast<std::ptrdiff_t>(s * layers));
+    }
+  }
   return m;
+}
+
+std::vector<RunEvent> parse_events(std::string_view text, const std::string& path) {
+  std::vector<RunEvent> out;
+  size_t pos = 0, line_no = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    const bool terminated = nl != std::string_view::npos;
+    const std::string_view line = text.substr(pos, terminated ? nl - pos : std::string_view::npos);
+    pos = terminated ? nl + 1 : text.size();
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string loc = path + ":" + std::to_string(line_no);
+    const json obj = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (obj.is_discarded()) {
+      if (!terminated) break;  // the trainer is writing this line right now
+      throw Error(loc, "", "not valid JSON");
+    }
+    if (!obj.is_object()) throw Error(loc, "", std::string("expected a JSON object, got ") + type_name(obj));
+    const auto st = obj.find("step");
+    if (st == obj.end()) throw Error(loc, "step", "missing");
+    if (!st->is_number_integer() && !st->is_number_unsigned()) {
+      throw Error(loc, "step", std::string("expected an integer, got ") + type_name(*st));
+    }
+    out.push_back(event_of(obj, loc, static_cast<double>(st->get<int64_t>())));
+  }
+  return out;
+}
+
+std::optional<std::vector<RunEvent>> read_events(const std::string& run_dir) {
+  const fs::path path = fs::path(run_dir) / "events.jsonl";
+  if (!fs::exists(path)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path.string(), "", "cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_events(text.str(), path.string());
 }
 
 RunMetrics read_metrics(const std::string& path) {

@@ -3,6 +3,7 @@
 // `keel plot` writes: the per-head max-logit heatmap, loss curves, max logit (with QK-Clip's
 // clipped heads), an overview of small multiples and an HTML page holding them all.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,10 +21,34 @@ struct Points {
   size_t size() const { return step.size(); }
 };
 
+// A per-layer metric (activation_rms, update_rms_ratio_per_layer): per step, one number per
+// layer; NaN for lines without it. layers == 0: no line has it (a run from before it existed).
+struct LayerSeries {
+  int64_t layers = 0;
+  std::vector<double> values;  // steps.size() * layers
+  bool empty() const { return layers == 0; }
+};
+
+// One stability event (spike detection and recovery): from RUN_DIR/events.jsonl, or from the
+// `events` arrays of metrics.jsonl for runs without it. Numbers absent from the record are NaN.
+struct RunEvent {
+  double step = 0;
+  std::string type;     // spike, skip, rollback, checkpoint_corrupt, abort (others kept as they are)
+  std::string signal;   // spike: loss, grad_norm or nonfinite
+  std::string action;   // spike: warn, skip, rollback or abort
+  std::string reason;   // abort
+  double value = 0, threshold = 0, to_step = 0;  // NaN when absent
+};
+
 struct RunMetrics {
   std::string path;
   std::vector<double> steps;  // the step of every line, increasing
   Points tokens, loss, ce, lr, grad_norm, tokens_per_s, max_logit, val_loss, qk_clip_heads;
+  // update_rms_ratio: ||dW|| / ||W|| over all weight matrices; skipped: 1 on steps whose update
+  // spike handling skipped, 0 on the others that carry the key.
+  Points update_rms_ratio, skipped;
+  LayerSeries activation_rms, update_rms_ratio_per_layer;
+  std::vector<RunEvent> events;  // the `events` arrays of the lines, in order
   // max_logit_per_head as written by the trainer: per step, layers x heads (row-major);
   // NaN for lines without it. layers == 0: no line has it (a run from before per-head logging).
   int64_t layers = 0, heads = 0;
@@ -41,6 +66,13 @@ struct RunMetrics {
 RunMetrics parse_metrics(std::string_view text, const std::string& path);
 // Reads and parses RUN_DIR/metrics.jsonl (or any path).
 RunMetrics read_metrics(const std::string& path);
+
+// Parses events.jsonl text: one object per line with an integer `step` and a string `type`;
+// anything else is a keel::Error naming "path:line" and the key. An unterminated last line that
+// does not parse is skipped (being written).
+std::vector<RunEvent> parse_events(std::string_view text, const std::string& path);
+// RUN_DIR/events.jsonl, or nullopt when the run has none (a run from before spike handling).
+std::optional<std::vector<RunEvent>> read_events(const std::string& run_dir);
 
 struct PlotSettings {
   std::string run_name;          // shown in titles

@@ -85,6 +85,7 @@ void save_checkpoint(const std::string& run_dir, const TrainState& state, const 
                          {"optimizer_steps", optimizer.steps},
                          {"model_config_hash", model_config_hash},
                          {"checksums", checksums}};
+    if (!state.guard.is_null()) st["spike_guard"] = state.guard;
     io::write_file_atomic((tmp / "state.json").string(), st.dump(1) + "\n");
     fsync_path(tmp);
     fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
@@ -119,10 +120,11 @@ TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerMod
   try {
     st = nlohmann::json::parse(read_text(state_path));
   } catch (const nlohmann::json::exception& e) {
-    throw Error(state_path.string(), "", std::string("corrupt checkpoint state: ") + e.what());
+    throw CheckpointCorrupt(state_path.string(), "", std::string("corrupt checkpoint state: ") + e.what());
   }
-  if (!st.is_object() || !st.contains("model_config_hash") || !st.contains("checksums") || !st.contains("step")) {
-    throw Error(state_path.string(), "", "corrupt checkpoint state: missing fields");
+  if (!st.is_object() || !st.contains("model_config_hash") || !st.contains("checksums") || !st.contains("step") ||
+      !st["step"].is_number_integer()) {
+    throw CheckpointCorrupt(state_path.string(), "", "corrupt checkpoint state: missing fields");
   }
   if (st["model_config_hash"] != model_config_hash) {
     throw Error(state_path.string(), "model_config_hash",
@@ -136,14 +138,25 @@ TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerMod
                    const std::vector<float>& values) {
     const auto& sums = st["checksums"];
     if (!sums.contains(key) || !sums[key].contains(tensor)) {
-      throw Error(file.path(), tensor, "no checksum recorded for this tensor");
+      throw CheckpointCorrupt(file.path(), tensor, "no checksum recorded for this tensor");
     }
-    if (content_hash(values.data(), values.size() * sizeof(float)) != sums[key][tensor].get<std::string>()) {
-      throw Error(file.path(), tensor, "checksum mismatch: the checkpoint is corrupt");
+    if (!sums[key][tensor].is_string() ||
+        content_hash(values.data(), values.size() * sizeof(float)) != sums[key][tensor].get<std::string>()) {
+      throw CheckpointCorrupt(file.path(), tensor, "checksum mismatch: the checkpoint is corrupt");
     }
   };
-  io::SafetensorsFile weights = io::SafetensorsFile::open((dir / "model.safetensors").string());
-  io::SafetensorsFile moments = io::SafetensorsFile::open((dir / "optimizer.safetensors").string());
+  // Unreadable tensor files (truncated, hostile headers) are damage too.
+  auto open_file = [](const fs::path& path) {
+    try {
+      return io::SafetensorsFile::open(path.string());
+    } catch (const CheckpointCorrupt&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointCorrupt(e.file(), e.field(), e.reason());
+    }
+  };
+  io::SafetensorsFile weights = open_file(dir / "model.safetensors");
+  io::SafetensorsFile moments = open_file(dir / "optimizer.safetensors");
   nn::ParameterStore& store = model.parameters();
   for (const nn::ParamInfo& p : store.entries()) {
     std::vector<std::tuple<io::SafetensorsFile*, const char*, std::string, float*>> targets = {
@@ -153,17 +166,23 @@ TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerMod
     }
     for (auto& [file, key, name, dst] : targets) {
       const io::TensorRecord* rec = file->find(name);
-      if (!rec) throw Error(file->path(), name, "missing tensor");
+      if (!rec) throw CheckpointCorrupt(file->path(), name, "missing tensor");
       if (rec->shape != p.shape || rec->dtype != io::DType::F32) {
-        throw Error(file->path(), name, "shape or dtype does not match the model");
+        throw CheckpointCorrupt(file->path(), name, "shape or dtype does not match the model");
       }
-      std::vector<float> values = file->read_f32(name);
+      std::vector<float> values;
+      try {
+        values = file->read_f32(name);
+      } catch (const Error& e) {
+        throw CheckpointCorrupt(e.file(), e.field(), e.reason());
+      }
       check(*file, key, name, values);
       std::copy(values.begin(), values.end(), dst);
     }
   }
   optimizer.steps = st.value("optimizer_steps", int64_t{0});
-  return {st["step"].get<int64_t>(), st.value("tokens", int64_t{0}), st.value("sequences", int64_t{0})};
+  return {st["step"].get<int64_t>(), st.value("tokens", int64_t{0}), st.value("sequences", int64_t{0}),
+          st.value("spike_guard", nlohmann::json())};
 }
 
 }  // namespace keel::train

@@ -9,14 +9,24 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/arena.hpp"
+#include "keel/core/error.hpp"
 #include "keel/nn/model.hpp"
 
 namespace keel::train {
 
 struct TrainState {
-  int64_t step = 0;       // updates done
+  int64_t step = 0;       // steps done (an update each, unless spike handling skipped it)
   int64_t tokens = 0;     // training tokens consumed
   int64_t sequences = 0;  // data cursor: sequences drawn so far (the sampler is a pure function of it)
+  nlohmann::json guard;   // the spike guard's window and counters (spike_guard.hpp); null if none
+};
+
+// A checkpoint whose files are damaged (checksum mismatch, truncated or unreadable tensors,
+// unparsable state). Other refusals (another model config, another optimizer) are plain Errors:
+// the files are fine, the run is not theirs.
+class CheckpointCorrupt : public Error {
+ public:
+  using Error::Error;
 };
 
 // An optimizer's state as the checkpoint sees it: named buffers laid out like the parameter store
@@ -34,7 +44,7 @@ void save_checkpoint(const std::string& run_dir, const TrainState& state, const 
 
 // Loads a checkpoint folder into model and optimizer buffers after verifying every tensor's
 // checksum, the optimizer's name and the model config hash; keel::Error naming the file and tensor
-// otherwise. Sets optimizer.steps from the checkpoint.
+// otherwise (CheckpointCorrupt for damaged files). Sets optimizer.steps from the checkpoint.
 TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerModel& model, OptimizerState& optimizer,
                            const std::string& model_config_hash);
 

@@ -114,11 +114,11 @@ void apply_override(toml::table& root, const std::string& item, const std::strin
 }
 
 RunConfig type_config(const toml::table& root, const std::string& source) {
-  static const std::set<std::string> sections = {"run", "model", "data", "batch", "optimizer", "schedule", "eval", "checkpoint"};
+  static const std::set<std::string> sections = {"run", "model", "data", "batch", "optimizer", "schedule", "eval", "checkpoint", "spikes", "faults"};
   for (const auto& [key, value] : root) {
     if (!sections.contains(std::string(key.str()))) {
       throw Error(source, std::string(key.str()),
-                  "unknown section; supported: run, model, data, batch, optimizer, schedule, eval, checkpoint");
+                  "unknown section; supported: run, model, data, batch, optimizer, schedule, eval, checkpoint, spikes, faults");
     }
     if (!value.is_table()) throw Error(source, std::string(key.str()), "expected a [section]");
   }
@@ -234,6 +234,37 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   c.checkpoint_every = ckpt.positive("every", 0, 0);
   c.checkpoint_keep = ckpt.positive("keep", c.checkpoint_keep);
   ckpt.finish();
+
+  Section spikes = section("spikes");
+  try {
+    c.spikes.policy = parse_spike_policy(spikes.get<std::string>("policy", "warn"));
+  } catch (const std::invalid_argument& e) {
+    spikes.fail("policy", e.what());
+  }
+  c.spikes.window = spikes.positive("window", c.spikes.window, 3);
+  c.spikes.threshold = spikes.non_negative("threshold", c.spikes.threshold);
+  if (c.spikes.threshold <= 0) spikes.fail("threshold", "must be positive");
+  c.spikes.min_history = spikes.positive("min_history", c.spikes.min_history, 3);
+  if (c.spikes.min_history > c.spikes.window) spikes.fail("min_history", "exceeds spikes.window (the window never fills)");
+  c.spikes.max_skips = spikes.positive("max_skips", c.spikes.max_skips, 0);
+  c.spikes.max_rollbacks = spikes.positive("max_rollbacks", c.spikes.max_rollbacks, 0);
+  spikes.finish();
+
+  Section faults = section("faults");
+  auto steps_list = [&](const char* key) {
+    std::vector<int64_t> out;
+    if (const toml::array* arr = faults.array(key)) {
+      for (const auto& item : *arr) {
+        if (!item.is_integer() || *item.value<int64_t>() < 1) faults.fail(key, "expected an array of step numbers (>= 1)");
+        out.push_back(*item.value<int64_t>());
+      }
+    }
+    return out;
+  };
+  c.poison_steps = steps_list("poison_steps");
+  c.nan_grad_steps = steps_list("nan_grad_steps");
+  c.corrupt_checkpoint_steps = steps_list("corrupt_checkpoint_steps");
+  faults.finish();
   return c;
 }
 
@@ -293,6 +324,19 @@ std::string to_toml(const RunConfig& c) {
                                        {"tails", tails}});
   root.insert("eval", toml::table{{"every", c.eval_every}, {"batches", c.eval_batches}});
   root.insert("checkpoint", toml::table{{"every", c.checkpoint_every}, {"keep", c.checkpoint_keep}});
+  root.insert("spikes", toml::table{{"policy", to_string(c.spikes.policy)}, {"window", c.spikes.window},
+                                     {"threshold", c.spikes.threshold}, {"min_history", c.spikes.min_history},
+                                     {"max_skips", c.spikes.max_skips}, {"max_rollbacks", c.spikes.max_rollbacks}});
+  auto step_array = [](const std::vector<int64_t>& steps) {
+    toml::array a;
+    for (int64_t s : steps) a.push_back(s);
+    return a;
+  };
+  if (!c.poison_steps.empty() || !c.nan_grad_steps.empty() || !c.corrupt_checkpoint_steps.empty()) {
+    root.insert("faults", toml::table{{"poison_steps", step_array(c.poison_steps)},
+                                       {"nan_grad_steps", step_array(c.nan_grad_steps)},
+                                       {"corrupt_checkpoint_steps", step_array(c.corrupt_checkpoint_steps)}});
+  }
   std::ostringstream out;
   out << root << "\n";
   return out.str();

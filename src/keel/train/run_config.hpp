@@ -7,6 +7,7 @@
 
 #include "keel/kernels/precision.hpp"
 #include "keel/train/schedule.hpp"
+#include "keel/train/spike_guard.hpp"
 
 namespace keel::train {
 
@@ -50,6 +51,12 @@ struct RunConfig {
   // [checkpoint]
   int64_t checkpoint_every = 0;           // 0 = only at the end
   int64_t checkpoint_keep = 3;
+  // [spikes]
+  SpikeConfig spikes;
+  // [faults]: deliberate faults for testing the recovery paths (docs/training.md, "Spikes").
+  std::vector<int64_t> poison_steps;            // these steps train on uniformly random tokens
+  std::vector<int64_t> nan_grad_steps;          // these steps get a NaN in one gradient element
+  std::vector<int64_t> corrupt_checkpoint_steps;  // the checkpoint saved at these steps is damaged on disk
 
   std::string source;                     // file it came from
 };

@@ -4,6 +4,8 @@
 //   RUN_DIR/run.toml                      the resolved run config (after --set overrides)
 //   RUN_DIR/config.json                   the model's HF config.json (with any "keel" object)
 //   RUN_DIR/metrics.jsonl                 one JSON object per step; evaluation lines carry val_loss
+//   RUN_DIR/events.jsonl                  spikes, skips, rollbacks, damaged checkpoints, aborts
+//                                         (append-only; metrics.jsonl is rewritten on rollback/resume)
 //   RUN_DIR/checkpoints/step_NNNNNNNN/    one checkpoint:
 //       model.safetensors                 parameters under HF names (F32)
 //       optimizer.safetensors             optimizer state by parameter name
@@ -18,6 +20,7 @@ namespace keel::train {
 inline constexpr const char* kRunConfigFile = "run.toml";
 inline constexpr const char* kModelConfigFile = "config.json";
 inline constexpr const char* kMetricsFile = "metrics.jsonl";
+inline constexpr const char* kEventsFile = "events.jsonl";
 inline constexpr const char* kCheckpointsDir = "checkpoints";
 inline constexpr const char* kCommitMarker = "COMMIT";
 
