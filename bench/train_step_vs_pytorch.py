@@ -3,7 +3,10 @@
 keel against the same model in PyTorch, same shapes, same thread count, in one run; prints both
 and their ratio, and peak memory of each. The Muon case also reports the share of the step that
 Newton-Schulz takes on each side (PyTorch runs the same Moonlight-form Muon written with torch
-ops: fp32 NS5 on each hidden matrix, AdamW on the rest).
+ops: fp32 NS5 on each hidden matrix, AdamW on the rest). The *_bf16 cases run keel with
+`--precision bf16` and PyTorch's forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
+(fp32 parameters and AdamW on both sides), and also time keel in fp32 on the same model to report
+keel's own bf16/fp32 speed ratio (docs/precision.md).
 
 PyTorch runs the reference model of tools/reference_model.py (HF semantics, float32, autograd,
 torch.optim.AdamW) in a subprocess with OpenMP's OpenBLAS loaded in place of Debian's default
@@ -33,6 +36,11 @@ CASES = {
     # DeepSeek-V3-style MLA with dense MLPs.
     "moe": ("bench/configs/mixtral_small.json", 8, 256, "adamw"),
     "mla": ("bench/configs/mla_small.json", 8, 256, "adamw"),
+    # bf16 mixed precision (keel --precision bf16; PyTorch autocast bf16).
+    "small_bf16": ("bench/configs/qwen3_small.json", 8, 256, "adamw", "bf16"),
+    "large_bf16": ("bench/configs/qwen3_large.json", 4, 512, "adamw", "bf16"),
+    "moe_bf16": ("bench/configs/mixtral_small.json", 8, 256, "adamw", "bf16"),
+    "mla_bf16": ("bench/configs/mla_small.json", 8, 256, "adamw", "bf16"),
 }
 MUON_SUFFIXES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
                  ".gate_proj.weight", ".up_proj.weight", ".down_proj.weight")
@@ -69,7 +77,7 @@ def torch_muon(torch, muon_params, adamw):
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 
 
-def torch_worker(config, batch, seq, steps, warmup, optimizer):
+def torch_worker(config, batch, seq, steps, warmup, optimizer, precision="fp32"):
     import torch
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import reference_model as ref
@@ -100,8 +108,15 @@ def torch_worker(config, batch, seq, steps, warmup, optimizer):
     def step():
         for p in plist:
             p.grad = None
-        logits, _ = ref.forward(s, params, tokens, collect_stats=False)
-        loss, _ = ref.causal_lm_loss(logits, tokens, s["z_loss"])
+        if precision == "bf16":
+            # Autocast: linear/matmul in bf16 on fp32 parameters (their bf16 copies are made per
+            # op), reductions as autocast's op lists decide; backward runs outside, as documented.
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits, _ = ref.forward(s, params, tokens, collect_stats=False)
+                loss, _ = ref.causal_lm_loss(logits.float(), tokens, s["z_loss"])
+        else:
+            logits, _ = ref.forward(s, params, tokens, collect_stats=False)
+            loss, _ = ref.causal_lm_loss(logits, tokens, s["z_loss"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plist, 1.0)
         if muon_step:
@@ -125,19 +140,20 @@ def torch_worker(config, batch, seq, steps, warmup, optimizer):
     print(json.dumps(out))
 
 
-def run_torch(config, batch, seq, steps, warmup, threads, optimizer):
+def run_torch(config, batch, seq, steps, warmup, threads, optimizer, precision="fp32"):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if os.path.isdir(OPENMP_BLAS):
         env["LD_LIBRARY_PATH"] = OPENMP_BLAS + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     out = subprocess.run([sys.executable, __file__, "--torch-worker", config, str(batch), str(seq), str(steps),
-                          str(warmup), optimizer], env=env, check=True, capture_output=True, text=True).stdout
+                          str(warmup), optimizer, precision], env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_keel(keel, config, batch, seq, steps, warmup, threads, optimizer):
+def run_keel(keel, config, batch, seq, steps, warmup, threads, optimizer, precision="fp32"):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run([keel, "bench", "--config", os.path.join(ROOT, config), "--batch", str(batch), "--seq",
-                          str(seq), "--steps", str(steps), "--warmup", str(warmup), "--optimizer", optimizer, "--json"],
+                          str(seq), "--steps", str(steps), "--warmup", str(warmup), "--optimizer", optimizer, "--precision", precision,
+                          "--json"],
                          env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -145,7 +161,7 @@ def run_keel(keel, config, batch, seq, steps, warmup, threads, optimizer):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         a = sys.argv[2:]
-        torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5])
+        torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], a[6] if len(a) > 6 else "fp32")
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keel", default=os.path.join(ROOT, "build/release/keel"))
@@ -153,14 +169,26 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each side this many times, interleaved, and keep the fastest (shared, noisy machines)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per case")
     args = ap.parse_args()
     rows = []
     for case in args.cases.split(","):
-        config, batch, seq, optimizer = CASES[case]
-        k = run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer)
-        t = run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer)
+        config, batch, seq, optimizer, *rest = CASES[case]
+        precision = rest[0] if rest else "fp32"
+        def best(runs):
+            return max(runs, key=lambda r: r["tokens_per_s"])
+        ks, ts, k32s = [], [], []
+        for _ in range(args.repeat):
+            ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
+                               precision))
+            ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision))
+            if precision == "bf16":
+                k32s.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer))
+        k, t = best(ks), best(ts)
         row = {"case": case, "config": config, "batch": batch, "seq": seq, "optimizer": optimizer,
+               "precision": precision,
                "keel_tokens_per_s": round(k["tokens_per_s"], 1), "torch_tokens_per_s": round(t["tokens_per_s"], 1),
                "speed_ratio": round(k["tokens_per_s"] / t["tokens_per_s"], 3),
                "keel_peak_mb": round(k["peak_rss_mb"], 1), "torch_peak_mb": round(t["peak_rss_mb"], 1),
@@ -168,6 +196,10 @@ def main():
         if optimizer == "muon":
             row.update(keel_ns_share=round(k["ns_share"], 4), torch_ns_share=round(t["ns_share"], 4),
                        keel_ns_ms=round(k["ns_ms_per_step"], 2), torch_ns_ms=round(t["ns_ms_per_step"], 2))
+        if precision == "bf16":
+            k32 = best(k32s)
+            row.update(keel_fp32_tokens_per_s=round(k32["tokens_per_s"], 1),
+                       keel_bf16_over_fp32=round(k["tokens_per_s"] / k32["tokens_per_s"], 3))
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)
@@ -176,6 +208,9 @@ def main():
                   f"torch {row['torch_tokens_per_s']:>9.0f} tok/s  ratio {row['speed_ratio']:.2f}x  |  "
                   f"peak RSS keel {row['keel_peak_mb']:.0f} MB, torch {row['torch_peak_mb']:.0f} MB "
                   f"(ratio {row['memory_ratio']:.2f})", flush=True)
+            if precision == "bf16":
+                print(f"{'':6s} keel bf16 vs keel fp32 ({row['keel_fp32_tokens_per_s']:.0f} tok/s): "
+                      f"{row['keel_bf16_over_fp32']:.2f}x", flush=True)
             if optimizer == "muon":
                 print(f"{'':6s} Newton-Schulz per step: keel {row['keel_ns_ms']:.1f} ms "
                       f"({100 * row['keel_ns_share']:.1f}% of the step), torch {row['torch_ns_ms']:.1f} ms "

@@ -611,7 +611,8 @@ def moe_block(s, p, prefix, x):
         pe = f"{prefix}.experts.{e}."
         ye = F.linear(activation(s["act"], F.linear(xe, p[pe + g + ".weight"])) * F.linear(xe, p[pe + u + ".weight"]),
                       p[pe + d + ".weight"])
-        out = out.index_add(0, token_idx, ye * weights[token_idx, slot].unsqueeze(-1))
+        # .to(out.dtype) as HF's Mixtral does: a no-op in float64, needed under bf16 autocast.
+        out = out.index_add(0, token_idx, (ye * weights[token_idx, slot].unsqueeze(-1)).to(out.dtype))
     out = out.view(B, T, H)
     if s["shared_inter"]:
         out = out + gated_mlp(s, p, prefix + ".shared_experts", x)

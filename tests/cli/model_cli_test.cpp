@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -119,6 +120,46 @@ TEST_F(ModelCli, BenchPrintsJson) {
   EXPECT_GT(j["ms_per_step"].get<double>(), 0.0);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
+}
+
+// --precision bf16 on eval, grad and bench (docs/precision.md): close to fp32, not identical.
+TEST_F(ModelCli, PrecisionFlag) {
+  init("llama.json", "m");
+  std::string text;
+  for (int line = 0; line < 4; ++line) {
+    for (int i = 0; i < 40; ++i) text += std::to_string((line * 11 + 7 * i) % 200) + " ";
+    text += "\n";
+  }
+  const std::string tokens = write("tokens.txt", text);
+  auto loss = [&](const std::string& precision) {
+    auto r = run_keel("eval --model " + path("m") + " --tokens " + tokens + " --json --precision " + precision);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out)["loss"].get<double>();
+  };
+  const double l32 = loss("fp32"), l16 = loss("bf16");
+  EXPECT_NE(l16, l32);
+  EXPECT_LE(std::fabs(l16 - l32) / l32, 1e-3);
+  // KEEL_BF16_GEMM=portable forces the portable gemm: the same bf16 products, another
+  // summation order.
+  ::setenv("KEEL_BF16_GEMM", "portable", 1);
+  const double l16_portable = loss("bf16");
+  ::unsetenv("KEEL_BF16_GEMM");
+  EXPECT_LE(std::fabs(l16_portable - l16) / l16, 1e-4);
+  for (const char* p : {"fp32", "bf16"}) {
+    auto g = run_keel("grad --model " + path("m") + " --tokens " + tokens + " --precision " + p + " --out " +
+                      path(std::string(p) + ".safetensors"));
+    ASSERT_EQ(g.status, 0) << g.err;
+  }
+  const auto g32 = io::SafetensorsFile::open(path("fp32.safetensors")).read_f32("model.layers.0.mlp.down_proj.weight");
+  const auto g16 = io::SafetensorsFile::open(path("bf16.safetensors")).read_f32("model.layers.0.mlp.down_proj.weight");
+  double dot = 0, n32 = 0, n16 = 0;
+  for (size_t i = 0; i < g32.size(); ++i) dot += double(g32[i]) * g16[i], n32 += double(g32[i]) * g32[i], n16 += double(g16[i]) * g16[i];
+  EXPECT_GE(dot / std::sqrt(n32 * n16), 0.999);
+  auto b = run_keel("bench --config " + source_path("configs/tiny/qwen3.json") +
+                    " --batch 2 --seq 32 --steps 1 --warmup 0 --precision bf16 --json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(b.out)["precision"], "bf16");
+  EXPECT_NE(run_keel("eval --model " + path("m") + " --tokens " + tokens + " --precision fp16").status, 0);
 }
 
 TEST_F(ModelCli, BadTokenFiles) {

@@ -75,6 +75,8 @@ TEST(RunConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_field(kBase, {"batch.seq_len=0"}), "batch.seq_len");
   EXPECT_EQ(error_field(kBase, {"schedule.kind=cosinus"}), "schedule.kind");
   EXPECT_EQ(error_field(kBase, {"optimizer.name=sgd"}), "optimizer.name");
+  EXPECT_EQ(error_field(kBase, {"run.precision=\"fp16\""}), "run.precision");
+  EXPECT_EQ(error_field(kBase, {"run.precision=16"}), "run.precision");
   EXPECT_EQ(error_field(kBase, {"steps=3"}), "steps=3");
   EXPECT_EQ(error_field("[run]\nsteps = 3\n"), "model.config");
   EXPECT_EQ(error_field("[run\nsteps = 3\n"), "");  // not TOML at all: the file is named, no field
@@ -86,6 +88,15 @@ TEST(RunConfig, TomlRoundTrip) {
   EXPECT_EQ(to_toml(a), to_toml(b));
   EXPECT_EQ(b.schedule.hold_tokens, 100);
   EXPECT_EQ(b.model_set, a.model_set);
+}
+
+TEST(RunConfig, PrecisionDefaultsToFp32AndRoundTrips) {
+  EXPECT_EQ(parse_run_config(kBase, "run.toml").precision, kernels::Precision::Fp32);
+  RunConfig a = parse_run_config(kBase, "run.toml", {"run.precision=\"bf16\""});
+  EXPECT_EQ(a.precision, kernels::Precision::Bf16);
+  RunConfig b = parse_run_config(to_toml(a), "again.toml");
+  EXPECT_EQ(b.precision, kernels::Precision::Bf16);
+  EXPECT_NE(to_toml(a).find("bf16"), std::string::npos) << to_toml(a);
 }
 
 }  // namespace

@@ -73,18 +73,26 @@ void register_init(CLI::App& app) {
   });
 }
 
+// --precision fp32|bf16: the model's matmul precision (docs/precision.md).
+void add_precision_option(CLI::App* cmd, std::string& precision) {
+  cmd->add_option("--precision", precision, "matmul precision: fp32 or bf16 (mixed, fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+}
+
 void register_eval(CLI::App& app) {
   auto* cmd = app.add_subcommand("eval", "Mean next-token cross-entropy of a model on a token file");
   struct Options {
-    std::string model, tokens;
+    std::string model, tokens, precision = "fp32";
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors)")->required();
+  add_precision_option(cmd, o->precision);
   cmd->add_option("--tokens", o->tokens, "text file: one sequence per line, whitespace-separated token ids")->required();
   cmd->add_flag("--json", o->json, "print {\"loss\": L, \"tokens\": N}");
   cmd->callback([o] {
     io::LoadedModel m = io::load_model_dir(o->model);
+    m.model->set_precision(*kernels::parse_precision(o->precision));
     auto lines = read_tokens_for(*m.model, o->tokens);
     double ce = 0;
     int64_t count = 0;
@@ -126,14 +134,16 @@ void register_grad(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "grad", "Write the fp32 gradient of the training objective (mean CE + z-loss) for every parameter");
   struct Options {
-    std::string model, tokens, out;
+    std::string model, tokens, out, precision = "fp32";
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model, "model directory")->required();
+  add_precision_option(cmd, o->precision);
   cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
   cmd->add_option("--out", o->out, "safetensors file to write, tensors under the weights' names")->required();
   cmd->callback([o] {
     io::LoadedModel m = io::load_model_dir(o->model);
+    m.model->set_precision(*kernels::parse_precision(o->precision));
     auto lines = read_tokens_for(*m.model, o->tokens);
     if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
     auto& store = m.model->parameters();
@@ -236,7 +246,7 @@ void register_train(CLI::App& app) {
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW or Muon) on random tokens");
   struct Options {
-    std::string config, optimizer = "adamw";
+    std::string config, optimizer = "adamw", precision = "fp32";
     std::vector<std::string> sets;
     int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
     bool json = false;
@@ -250,13 +260,15 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--optimizer", o->optimizer, "adamw or muon (Muon also reports the Newton-Schulz share of a step)")
       ->check(CLI::IsMember({"adamw", "muon"}));
-  cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
+  add_precision_option(cmd, o->precision);
+  cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->callback([o] {
     arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
     if (o->seq > spec.max_position_embeddings) {
       throw Error(spec.source, "max_position_embeddings", "--seq " + std::to_string(o->seq) + " exceeds the context length");
     }
     nn::TransformerModel model(spec);
+    model.set_precision(*kernels::parse_precision(o->precision));
     model.initialize(1);
     auto& store = model.parameters();
     const bool use_muon = o->optimizer == "muon";
@@ -294,7 +306,8 @@ void register_bench(CLI::App& app) {
     double tps = static_cast<double>(n) / (ms / 1000.0);
     const double ns_ms = ns_seconds * 1000.0 / static_cast<double>(o->steps);
     if (o->json) {
-      json out{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss_mb()}, {"optimizer", o->optimizer}};
+      json out{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss_mb()}, {"optimizer", o->optimizer},
+                {"precision", o->precision}};
       if (use_muon) {
         out["ns_ms_per_step"] = ns_ms;
         out["ns_share"] = ns_ms / ms;

@@ -41,7 +41,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
       any = any || tg[i] >= 0;
     }
     if (!any) continue;  // nothing to score and a zero gradient
-    gemm(false, true, nr, vocab, c, 1.f, h + r0 * c, c, w, c, 0.f, logits.data(), vocab);
+    gemm_mixed(false, true, nr, vocab, c, 1.f, h + r0 * c, c, w, c, 0.f, logits.data(), vocab);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nr; ++i) {
       float* z = logits.data() + i * vocab;
@@ -84,8 +84,8 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
         loss.z_sum += row_z[size_t(i)];
         ++loss.count;
       }
-    if (dh != nullptr) gemm(false, false, nr, c, vocab, 1.f, logits.data(), vocab, w, c, 1.f, dh + r0 * c, c);
-    if (dw != nullptr) gemm(true, false, vocab, c, nr, 1.f, logits.data(), vocab, h + r0 * c, c, 1.f, dw, c);
+    if (dh != nullptr) gemm_mixed(false, false, nr, c, vocab, 1.f, logits.data(), vocab, w, c, 1.f, dh + r0 * c, c);
+    if (dw != nullptr) gemm_mixed(true, false, vocab, c, nr, 1.f, logits.data(), vocab, h + r0 * c, c, 1.f, dw, c);
   }
   return loss;
 }
@@ -93,7 +93,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
 // h: (n, c), w: (vocab, c) -> logits: (n, vocab)
 void lm_head_logits(const float* h, const float* w, float* logits, int64_t n, int64_t c, int64_t vocab,
                     float final_softcap) {
-  gemm(false, true, n, vocab, c, 1.f, h, c, w, c, 0.f, logits, vocab);
+  gemm_mixed(false, true, n, vocab, c, 1.f, h, c, w, c, 0.f, logits, vocab);
   if (final_softcap > 0.f) {
     const int64_t total = n * vocab;
     const float cap = final_softcap;

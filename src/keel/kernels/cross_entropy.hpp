@@ -1,6 +1,8 @@
 #pragma once
 // Language-model head fused with softmax cross-entropy (and z-loss), computed over chunks of
-// rows so the full (n, vocab) logit matrix never exists at once.
+// rows so the full (n, vocab) logit matrix never exists at once. Under bf16 matmul precision the
+// three products take bf16 operands; logits, softmax, loss and z-loss stay fp32 (logits are not
+// rounded: the loss is a reduction over the whole vocabulary, docs/precision.md).
 #include <cstdint>
 
 namespace keel::kernels {

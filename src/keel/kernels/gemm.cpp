@@ -8,9 +8,25 @@
 #include <cblas.h>
 #endif
 
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
+#include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
+#include "keel/kernels/precision.hpp"
+
+#if KEEL_GEMM_DNNL
+// Exported by libdnnl (oneDNN 1.x-2.x, src/common/gemm.cpp) but declared only in its own test
+// headers: row-major, cblas argument order like dnnl_sgemm, bf16 A and B as raw 16-bit words
+// (oneDNN's bfloat16_t is a struct holding one uint16_t), fp32 C.
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K,
+                                               float alpha, const uint16_t* A, dnnl_dim_t lda, const uint16_t* B,
+                                               dnnl_dim_t ldb, float beta, float* C, dnnl_dim_t ldc);
+#endif
 
 namespace keel::kernels {
 
@@ -36,6 +52,96 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 #endif
+}
+
+namespace {
+
+bool env_forces_portable() {
+  const char* v = std::getenv("KEEL_BF16_GEMM");
+  return v != nullptr && std::strcmp(v, "portable") == 0;
+}
+
+std::atomic<bool> force_portable{env_forces_portable()};
+
+// The stored matrix x: (rows, cols), row stride ld -> out: (rows, cols) contiguous, each value
+// rounded to bf16; Out is uint16_t (bf16 bits) or float (the same value widened).
+template <typename Out>
+void round_operand(const float* x, int64_t rows, int64_t cols, int64_t ld, Out* out) {
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x + r * ld;
+    Out* dst = out + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      if constexpr (std::is_same_v<Out, uint16_t>) dst[j] = float_to_bf16(src[j]);
+      else dst[j] = bf16_to_float(float_to_bf16(src[j]));
+    }
+  }
+}
+
+// Per-thread operand buffers, grown and reused: no allocation per call in a training step.
+template <typename T>
+T* scratch(std::vector<T>& buf, int64_t count) {
+  if (buf.size() < static_cast<size_t>(count)) buf.resize(static_cast<size_t>(count));
+  return buf.data();
+}
+
+}  // namespace
+
+bool bf16_gemm_native_available() {
+#if KEEL_GEMM_DNNL && defined(__x86_64__)
+  static const bool available = __builtin_cpu_supports("avx512bf16");
+  return available;
+#else
+  return false;
+#endif
+}
+
+Bf16GemmPath bf16_gemm_path() {
+  return bf16_gemm_native_available() && !force_portable.load() ? Bf16GemmPath::Native : Bf16GemmPath::Portable;
+}
+
+void force_portable_bf16_gemm(bool portable) { force_portable.store(portable); }
+
+// C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // no product: only beta
+    return;
+  }
+  // The stored shapes: A is (m, k) or (k, m); B is (k, n) or (n, k). Packed contiguously, so the
+  // leading dimension becomes the stored column count.
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+#if KEEL_GEMM_DNNL
+  if (bf16_gemm_path() == Bf16GemmPath::Native) {
+    thread_local std::vector<uint16_t> a_buf, b_buf;
+    uint16_t* a16 = scratch(a_buf, a_rows * a_cols);
+    uint16_t* b16 = scratch(b_buf, b_rows * b_cols);
+    round_operand(a, a_rows, a_cols, lda, a16);
+    round_operand(b, b_rows, b_cols, ldb, b16);
+    KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldc <= INT_MAX);
+    const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16,
+                                                   a_cols, b16, b_cols, beta, c, ldc);
+    KEEL_CHECK(st == dnnl_success);
+    return;
+  }
+#endif
+  thread_local std::vector<float> a_buf, b_buf;
+  float* ar = scratch(a_buf, a_rows * a_cols);
+  float* br = scratch(b_buf, b_rows * b_cols);
+  round_operand(a, a_rows, a_cols, lda, ar);
+  round_operand(b, b_rows, b_cols, ldb, br);
+  gemm(trans_a, trans_b, m, n, k, alpha, ar, a_cols, br, b_cols, beta, c, ldc);
+}
+
+void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (matmul_precision() == Precision::Bf16)
+    gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // C: (m, n) = alpha·op(A)(m, k)·op(B)(k, n) + beta·C

@@ -1,6 +1,7 @@
 #pragma once
 // Single-precision matrix multiply, row-major. The fast path calls the BLAS that keel links
 // (OpenBLAS, OpenMP build: see docs/blas.md); gemm_reference is the plain loop tests compare to.
+// gemm_bf16 is the mixed-precision variant (bf16 operands, fp32 accumulation; docs/precision.md).
 #include <cstdint>
 
 namespace keel::kernels {
@@ -13,5 +14,28 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // Same contract as gemm; a triple loop accumulating in double. For tests only.
 void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// bf16 mixed precision, same contract as gemm: op(A) and op(B) are first rounded to bf16
+// (nearest, ties to even), then multiplied with fp32 accumulation into the fp32 C. A product of
+// two bf16 values (8-bit significands) is exact in fp32 (24 bits), so the native and the
+// portable path below differ only in summation order.
+//   native:   oneDNN's bf16 gemm (dnnl_gemm_bf16bf16f32), AVX512-BF16 vdpbf16ps on CPUs that
+//             have it (Intel Cooper Lake+, AMD Zen 4+);
+//   portable: operands rounded into fp32 buffers, then the fp32 gemm above. Any CPU.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// gemm when the calling thread's matmul precision (kernels/precision.hpp) is fp32, gemm_bf16
+// when it is bf16. The model's matmuls all go through here.
+void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+enum class Bf16GemmPath { Native, Portable };
+// True when the build links oneDNN and the CPU reports AVX512-BF16.
+bool bf16_gemm_native_available();
+// The path gemm_bf16 takes now: Native when available, unless forced portable by
+// force_portable_bf16_gemm(true) or the environment variable KEEL_BF16_GEMM=portable (read once).
+Bf16GemmPath bf16_gemm_path();
+void force_portable_bf16_gemm(bool portable);
 
 }  // namespace keel::kernels

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "keel/kernels/gemm.hpp"
+#include "keel/kernels/precision.hpp"
 
 namespace keel::kernels {
 
@@ -17,9 +18,12 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
     beta = 1.f;
   }
   if (w_in_out)
-    gemm(false, false, n, out, in, 1.f, x, in, w, out, beta, y, out);
+    gemm_mixed(false, false, n, out, in, 1.f, x, in, w, out, beta, y, out);
   else
-    gemm(false, true, n, out, in, 1.f, x, in, w, in, beta, y, out);
+    gemm_mixed(false, true, n, out, in, 1.f, x, in, w, in, beta, y, out);
+  // bf16 mixed precision: the output is a bf16 activation, as a bf16 nn.Linear under
+  // torch.autocast returns one (the bias is added in fp32 before the rounding).
+  round_activation(y, n * out);
 }
 
 // x: (n, in), dy: (n, out); accumulates dx: (n, in), dw: w's layout, db: (out)
@@ -27,15 +31,15 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
                      int64_t in, int64_t out, bool w_in_out) {
   if (dx != nullptr) {
     if (w_in_out)
-      gemm(false, true, n, in, out, 1.f, dy, out, w, out, 1.f, dx, in);  // dx += dy·Wᵀ, W: (in, out)
+      gemm_mixed(false, true, n, in, out, 1.f, dy, out, w, out, 1.f, dx, in);  // dx += dy·Wᵀ, W: (in, out)
     else
-      gemm(false, false, n, in, out, 1.f, dy, out, w, in, 1.f, dx, in);  // dx += dy·W, W: (out, in)
+      gemm_mixed(false, false, n, in, out, 1.f, dy, out, w, in, 1.f, dx, in);  // dx += dy·W, W: (out, in)
   }
   if (dw != nullptr) {
     if (w_in_out)
-      gemm(true, false, in, out, n, 1.f, x, in, dy, out, 1.f, dw, out);  // dW += xᵀ·dy
+      gemm_mixed(true, false, in, out, n, 1.f, x, in, dy, out, 1.f, dw, out);  // dW += xᵀ·dy
     else
-      gemm(true, false, out, in, n, 1.f, dy, out, x, in, 1.f, dw, in);  // dW += dyᵀ·x
+      gemm_mixed(true, false, out, in, n, 1.f, dy, out, x, in, 1.f, dw, in);  // dW += dyᵀ·x
   }
   if (db != nullptr) {
     // Each thread owns a slice of columns and sums rows in order: no races, same result for

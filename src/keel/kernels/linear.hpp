@@ -1,5 +1,7 @@
 #pragma once
-// Fully connected layer y = x·Wᵀ + b on top of gemm.
+// Fully connected layer y = x·Wᵀ + b on top of gemm. Under bf16 matmul precision
+// (kernels/precision.hpp) every product takes bf16-rounded operands with fp32 accumulation
+// (weight gradients accumulate in fp32 into dw) and the forward output is rounded to bf16.
 #include <cstdint>
 
 namespace keel::kernels {

@@ -10,6 +10,7 @@
 #include "keel/kernels/attention.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/norm.hpp"
+#include "keel/kernels/precision.hpp"
 
 namespace keel::nn {
 
@@ -130,10 +131,15 @@ float* MlaAttention::forward(ParameterStore& store, Arena& arena, const float* x
     }
   }
 
+  // bf16: the attention's matmul inputs stored rounded (as in Attention::forward).
+  kernels::round_activation(q_, n * H * qk);
+  kernels::round_activation(k_, n * H * qk);
+  kernels::round_activation(v_, n * H * v_dim_);
   out_ = alloc(n * H * v_dim_);
   lse_ = alloc(s.batch * H * s.seq);
   const kernels::AttentionDims d{s.batch, s.seq, H, H, qk, v_dim_, scale_, softcap_};
   kernels::attention_forward(q_, k_, v_, out_, lse_, max_logit, d);
+  kernels::round_activation(out_, n * H * v_dim_);
   float* y = alloc(n * hidden_);
   kernels::linear_forward(out_, store.data(wo_), opt(store, bo_), y, n, H * v_dim_, hidden_);
   return y;

@@ -219,6 +219,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
 LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                             float grad_scale) {
   StepShape s{batch, seq};
+  kernels::PrecisionScope precision(precision_);
   const int64_t n = s.tokens(), h = spec_.hidden_size;
   const size_t size = static_cast<size_t>(n * h);
   float* hf = forward_hidden(tokens, s);
@@ -253,6 +254,7 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
 
 LossSums TransformerModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
   StepShape s{batch, seq};
+  kernels::PrecisionScope precision(precision_);
   float* hf = forward_hidden(tokens, s);
   auto r = kernels::lm_head_cross_entropy(hf, lm_head_weight(), targets, s.tokens(), spec_.hidden_size,
                                           spec_.vocab_size, static_cast<float>(spec_.z_loss),
@@ -262,6 +264,7 @@ LossSums TransformerModel::forward_loss(const int32_t* tokens, const int32_t* ta
 
 void TransformerModel::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits) {
   StepShape s{batch, seq};
+  kernels::PrecisionScope precision(precision_);
   float* hf = forward_hidden(tokens, s);
   kernels::lm_head_logits(hf, lm_head_weight(), logits, s.tokens(), spec_.hidden_size, spec_.vocab_size,
                           static_cast<float>(spec_.final_softcap));

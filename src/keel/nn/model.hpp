@@ -9,6 +9,7 @@
 
 #include "keel/arch/model_spec.hpp"
 #include "keel/core/arena.hpp"
+#include "keel/kernels/precision.hpp"
 #include "keel/kernels/rope.hpp"
 #include "keel/nn/mla_attention.hpp"
 #include "keel/nn/modules.hpp"
@@ -52,6 +53,13 @@ class TransformerModel {
   const arch::ModelSpec& spec() const { return spec_; }
   ParameterStore& parameters() { return store_; }
   const ParameterStore& parameters() const { return store_; }
+
+  // Matmul precision of forward_backward, forward_loss and forward_logits: fp32 (default) or
+  // bf16 mixed precision (bf16 matmul operands and activations, fp32 accumulation, norms,
+  // softmax, loss and router; parameters, gradients and optimizer state stay fp32). See
+  // docs/precision.md.
+  void set_precision(kernels::Precision p) { precision_ = p; }
+  kernels::Precision precision() const { return precision_; }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
   void initialize(uint64_t seed);
@@ -99,6 +107,7 @@ class TransformerModel {
   std::vector<double> activation_ms_;
   const int32_t* tokens_ = nullptr;
   float* last_block_out_ = nullptr;
+  kernels::Precision precision_ = kernels::Precision::Fp32;
 };
 
 }  // namespace keel::nn

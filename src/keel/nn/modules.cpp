@@ -7,6 +7,7 @@
 #include "keel/kernels/attention.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/norm.hpp"
+#include "keel/kernels/precision.hpp"
 
 namespace keel::nn {
 
@@ -139,11 +140,17 @@ float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, c
     kernels::rope_forward(q_, *rope_, s.batch, s.seq, heads_, head_dim_);
     kernels::rope_forward(k_, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
   }
+  // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
+  // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
+  kernels::round_activation(q_, n * q_out);
+  kernels::round_activation(k_, n * kv_out);
+  kernels::round_activation(v_, n * kv_out);
   out_ = arena.alloc(static_cast<size_t>(n * q_out));
   lse_ = arena.alloc(static_cast<size_t>(s.batch * heads_ * s.seq));
   kernels::AttentionDims d{s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_,
                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))), softcap_};
   kernels::attention_forward(q_, k_, v_, out_, lse_, max_logit, d);
+  kernels::round_activation(out_, n * q_out);
   float* y = arena.alloc(static_cast<size_t>(n * hidden_));
   kernels::linear_forward(out_, store.data(wo_), opt(store, bo_), y, n, q_out, hidden_, gpt2_);
   return y;

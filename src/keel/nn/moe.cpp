@@ -5,6 +5,7 @@
 
 #include "keel/core/error.hpp"
 #include "keel/kernels/linear.hpp"
+#include "keel/kernels/precision.hpp"
 
 namespace keel::nn {
 
@@ -64,7 +65,12 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
                         Routing& r, float* xg, float* g, float* u, float* h, float* ye) const {
   const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
   std::vector<float> logits(static_cast<size_t>(n * E));
-  kernels::linear_forward(x, store.data(gate_), nullptr, logits.data(), n, C, E);
+  {
+    // The router stays fp32 in bf16 mixed precision: a rounded logit can flip a top-k choice,
+    // and DeepSeek-V3 keeps its gating in fp32 for the same reason (arXiv:2412.19437 §3.3.1).
+    kernels::PrecisionScope fp32(kernels::Precision::Fp32);
+    kernels::linear_forward(x, store.data(gate_), nullptr, logits.data(), n, C, E);
+  }
   r.indices.resize(static_cast<size_t>(rows));
   kernels::router_forward(router_, logits.data(), bias_.valid() ? store.data(bias_) : nullptr, probs, r.indices.data(),
                           weights, n);
@@ -204,6 +210,7 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   // Router: through the selected weights only; the correction bias gets no gradient.
   float* dlogits = arena.alloc_zeroed(static_cast<size_t>(n * E));
   kernels::router_backward(router_, probs_, r.indices.data(), weights_, dweights, dlogits, n);
+  kernels::PrecisionScope fp32(kernels::Precision::Fp32);  // the router is fp32 (see route_and_run)
   kernels::linear_backward(x_, store.data(gate_), dlogits, dx, store.grad(gate_), nullptr, n, C, E);
 }
 

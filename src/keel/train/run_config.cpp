@@ -131,6 +131,10 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   c.out = run.get<std::string>("out", c.out);
   c.seed = static_cast<uint64_t>(run.positive("seed", 1, 0));
   c.log_every = run.positive("log_every", c.log_every);
+  const std::string precision = run.get<std::string>("precision", "fp32");
+  const auto parsed_precision = kernels::parse_precision(precision);
+  if (!parsed_precision) run.fail("precision", "unknown precision '" + precision + "'; supported: fp32, bf16");
+  c.precision = *parsed_precision;
   run.finish();
 
   Section model = section("model");
@@ -289,7 +293,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 std::string to_toml(const RunConfig& c) {
   toml::table root;
   root.insert("run", toml::table{{"steps", c.steps}, {"out", c.out}, {"seed", static_cast<int64_t>(c.seed)},
-                                  {"log_every", c.log_every}});
+                                  {"log_every", c.log_every},
+                                  {"precision", std::string(kernels::precision_name(c.precision))}});
   toml::array sets;
   for (const auto& s : c.model_set) sets.push_back(s);
   root.insert("model", toml::table{{"config", c.model_config}, {"set", sets}});

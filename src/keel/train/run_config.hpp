@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/kernels/precision.hpp"
 #include "keel/train/schedule.hpp"
 #include "keel/train/spike_guard.hpp"
 
@@ -16,6 +17,8 @@ struct RunConfig {
   std::string out = "runs/run";
   uint64_t seed = 1;
   int64_t log_every = 10;
+  // Matmul precision: fp32, or bf16 mixed precision with fp32 master weights (docs/precision.md)
+  kernels::Precision precision = kernels::Precision::Fp32;
   // [model]
   std::string model_config;               // HF config.json (may carry a "keel" object)
   std::vector<std::string> model_set;     // overrides applied to it, "key=value"

@@ -187,6 +187,7 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
                                                std::to_string(spec.max_position_embeddings) + ")");
   }
   nn::TransformerModel model(spec);
+  model.set_precision(c.precision);  // bf16: mixed precision over fp32 master weights
   model.initialize(c.seed);
   auto& store = model.parameters();
   const optim::AdamWConfig adam_cfg{static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),

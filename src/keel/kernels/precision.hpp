@@ -1,0 +1,41 @@
+#pragma once
+// Matmul precision of the calling thread: fp32, or bf16 mixed precision (bf16 operands, fp32
+// accumulation; see docs/precision.md). Like torch.autocast it is thread-local state that a
+// scope sets and restores, so the model switches every matmul below it with one line and the
+// kernels keep their fp32 signatures. The default, fp32, is the path keel always had.
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace keel::kernels {
+
+enum class Precision { Fp32, Bf16 };
+
+// "fp32" / "bf16".
+std::string_view precision_name(Precision p);
+// The inverse of precision_name; nullopt for anything else.
+std::optional<Precision> parse_precision(std::string_view name);
+
+// Of the calling thread (OpenMP workers are never asked: kernels read it before their
+// parallel regions).
+Precision matmul_precision();
+
+// Sets the calling thread's matmul precision for its lifetime, then restores the previous one.
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(Precision p);
+  ~PrecisionScope();
+  PrecisionScope(const PrecisionScope&) = delete;
+  PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+ private:
+  Precision previous_;
+};
+
+// x: (n), rounded in place to the nearest bf16 value (ties to even) and kept as fp32: how keel
+// stores a bf16 activation (emulated storage, docs/precision.md).
+void round_to_bf16(float* x, int64_t n);
+// round_to_bf16 when the calling thread's precision is bf16; nothing in fp32.
+void round_activation(float* x, int64_t n);
+
+}  // namespace keel::kernels

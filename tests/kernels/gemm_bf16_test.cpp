@@ -1,0 +1,136 @@
+// bf16 mixed-precision gemm: the native (oneDNN AVX512-BF16) and the portable path against a
+// double-accumulated reference on bf16-rounded operands, and against the fp32 gemm.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gradient_check.hpp"
+#include "keel/core/bf16.hpp"
+#include "keel/kernels/gemm.hpp"
+#include "keel/kernels/precision.hpp"
+
+namespace keel::kernels {
+namespace {
+
+using testing::random_vector;
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+// All four transpositions, odd sizes, k = 1, a long k, padded leading dimensions.
+const GemmCase kCases[] = {
+    {false, false, 17, 33, 9, 1.f, 0.f},   {false, true, 31, 5, 64, 0.5f, 1.f},  {true, false, 7, 130, 21, 1.f, -0.5f},
+    {true, true, 65, 3, 1, 2.f, 0.25f},    {false, true, 1, 1, 1, 1.f, 0.f},     {true, false, 96, 80, 200, 1.f, 1.f},
+    {false, false, 3, 257, 1000, 1.f, 0.f}, {true, true, 40, 41, 129, 1.f, 1.f},
+};
+
+std::vector<float> rounded(std::vector<float> x) {
+  for (float& v : x) v = bf16_to_float(float_to_bf16(v));
+  return x;
+}
+
+// Restores the default path when a test ends, whatever it forced.
+struct PathGuard {
+  ~PathGuard() { force_portable_bf16_gemm(false); }
+};
+
+TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
+  PathGuard guard;
+  RecordProperty("native_available", bf16_gemm_native_available() ? "yes" : "no");
+  for (const GemmCase& cs : kCases) {
+    const int64_t pad = 3;
+    const int64_t lda = (cs.ta ? cs.m : cs.k) + pad, ldb = (cs.tb ? cs.k : cs.n) + pad, ldc = cs.n + pad;
+    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 11);
+    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 12);
+    auto c0 = random_vector(size_t(cs.m * ldc), 13);
+    if (cs.beta == 0.f) std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());  // must be ignored
+    auto ref = c0, fp32 = c0, portable = c0, native = c0;
+    const auto ar = rounded(a), br = rounded(b);
+    gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, ref.data(), ldc);
+    gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, fp32.data(), ldc);
+    force_portable_bf16_gemm(true);
+    ASSERT_EQ(bf16_gemm_path(), Bf16GemmPath::Portable);
+    gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, portable.data(), ldc);
+    force_portable_bf16_gemm(false);
+    ASSERT_EQ(bf16_gemm_path(), bf16_gemm_native_available() ? Bf16GemmPath::Native : Bf16GemmPath::Portable);
+    gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, native.data(), ldc);
+    // Products of bf16 values are exact in fp32, so the only error left is fp32 summation:
+    // |err| <= k·2⁻²⁴·Σ|a·b| with |a|, |b| <= 1, bounded here by 4e-7·(k + 1)·|alpha| (+ beta·C).
+    const double tol = 4e-7 * double(cs.k + 1) * std::max(1.f, std::fabs(cs.alpha)) + 1e-7;
+    double bf16_vs_fp32 = 0;
+    for (int64_t i = 0; i < cs.m; ++i)
+      for (int64_t j = 0; j < cs.n; ++j) {
+        const size_t idx = size_t(i * ldc + j);
+        ASSERT_NEAR(portable[idx], ref[idx], tol) << "portable ta=" << cs.ta << " tb=" << cs.tb << " k=" << cs.k;
+        ASSERT_NEAR(native[idx], ref[idx], tol) << "native ta=" << cs.ta << " tb=" << cs.tb << " k=" << cs.k;
+        bf16_vs_fp32 = std::max(bf16_vs_fp32, std::fabs(double(native[idx]) - fp32[idx]));
+      }
+    // The operands really were rounded: 8-bit significands move a sum of k >= 9 products by
+    // ~1e-3, far above the fp32 summation error checked above.
+    if (cs.k >= 9) {
+      EXPECT_GT(bf16_vs_fp32, 20 * tol) << "k=" << cs.k;
+    }
+    if (cs.beta != 0.f) {
+      for (int64_t i = 0; i < cs.m; ++i) {
+        EXPECT_EQ(native[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);  // padding untouched
+        EXPECT_EQ(portable[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);
+      }
+    }
+  }
+}
+
+TEST(GemmBf16, MixedFollowsTheThreadPrecision) {
+  const int64_t m = 13, n = 29, k = 37;
+  const auto a = random_vector(size_t(m * k), 21), b = random_vector(size_t(k * n), 22);
+  std::vector<float> fp32(size_t(m * n)), bf16(size_t(m * n)), mixed(size_t(m * n));
+  gemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, fp32.data(), n);
+  gemm_bf16(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, bf16.data(), n);
+  ASSERT_EQ(matmul_precision(), Precision::Fp32);
+  gemm_mixed(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, mixed.data(), n);
+  EXPECT_EQ(mixed, fp32);  // fp32 is bit-identical to the plain gemm
+  {
+    PrecisionScope scope(Precision::Bf16);
+    ASSERT_EQ(matmul_precision(), Precision::Bf16);
+    gemm_mixed(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, mixed.data(), n);
+    EXPECT_EQ(mixed, bf16);
+  }
+  EXPECT_EQ(matmul_precision(), Precision::Fp32);  // the scope restored it
+  EXPECT_NE(fp32, bf16);
+}
+
+TEST(Precision, RoundToBf16IsNearestEvenAndIdempotent) {
+  // 1 + 2⁻⁸ is the tie between 1 and 1 + 2⁻⁷: ties go to the even significand (1).
+  std::vector<float> x = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-9f, -3.14159265f, 0.f, 65504.f};
+  round_to_bf16(x.data(), int64_t(x.size()));
+  EXPECT_EQ(x[0], 1.0f);
+  EXPECT_EQ(x[1], 1.0f + 0x1p-6f);  // tie between 1+2⁻⁷ (odd) and 1+2⁻⁶ (even)
+  EXPECT_EQ(x[2], 1.0f);
+  EXPECT_EQ(x[3], -3.140625f);
+  EXPECT_EQ(x[4], 0.f);
+  EXPECT_EQ(x[5], 65536.f);
+  auto again = x;
+  round_to_bf16(again.data(), int64_t(again.size()));
+  EXPECT_EQ(again, x);
+  std::vector<float> y = {1.0f + 0x1p-9f};
+  round_activation(y.data(), 1);  // fp32 thread precision: untouched
+  EXPECT_EQ(y[0], 1.0f + 0x1p-9f);
+  PrecisionScope scope(Precision::Bf16);
+  round_activation(y.data(), 1);
+  EXPECT_EQ(y[0], 1.0f);
+}
+
+TEST(Precision, NamesRoundTrip) {
+  EXPECT_EQ(parse_precision("fp32"), Precision::Fp32);
+  EXPECT_EQ(parse_precision("bf16"), Precision::Bf16);
+  EXPECT_FALSE(parse_precision("fp16").has_value());
+  EXPECT_EQ(precision_name(Precision::Bf16), "bf16");
+  EXPECT_EQ(precision_name(Precision::Fp32), "fp32");
+}
+
+}  // namespace
+}  // namespace keel::kernels
