@@ -2,6 +2,7 @@
 #include "keel/report/charts.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 
@@ -151,11 +152,58 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   for (const auto& s : chart.series) {
     if (!s.name.empty()) named.push_back(&s);
   }
-  bool labelled_refs = false;
-  for (const auto& r : chart.ref_lines) labelled_refs |= !r.label.empty();
-  const bool has_legend = !named.empty() || any_bad || labelled_refs || !chart.mark_kinds.empty();
+  // The legend: one entry per named series, labelled reference line and event-mark kind, laid
+  // out in rows under the title that wrap at the frame's width (a sweep may have 20 variants).
+  struct LegendItem {
+    double width;
+    std::function<void(double x, double y)> draw;
+  };
+  std::vector<LegendItem> legend;
+  auto entry_width = [](const std::string& label) { return 25 + text_width(label, 11) + 16; };
+  for (const Series* s : named) {
+    legend.push_back({entry_width(s->name), [&svg, s](double x, double y) {
+                        legend_entry(svg, x, y, s->name, s->color, s->line, s->points, s->dashed,
+                                     std::max(s->opacity, 0.6));
+                      }});
+  }
+  // Reference lines are named here rather than on the line, where data would cover the label.
+  for (const auto& r : chart.ref_lines) {
+    if (r.label.empty()) continue;
+    legend.push_back({entry_width(r.label), [&svg, &r](double x, double y) {
+                        legend_entry(svg, x, y, r.label, r.color, true, false, true, 1);
+                      }});
+  }
+  for (const auto& k : chart.mark_kinds) {
+    legend.push_back({entry_width(k.label), [&svg, &k](double x, double y) {
+                        if (k.dash.empty()) {
+                          legend_entry(svg, x, y, k.label, kMuted, true, false, false, 1);
+                        } else {
+                          svg.line(x, y, x + 20, y, kMuted, 2, {Attr("stroke-dasharray", k.dash)});
+                          svg.text(x + 25, y + 4, k.label, 11, "start", {Attr("fill", kInk)});
+                        }
+                      }});
+  }
+  if (any_bad) {
+    legend.push_back({entry_width("non-finite"), [&svg](double x, double y) {
+                        legend_entry(svg, x, y, "non-finite", kBad, false, false, false, 1, true);
+                      }});
+  }
+  const double legend_left = frame.x + 10, legend_right = frame.x + frame.width - 16, row_h = 18;
+  std::vector<std::pair<double, int>> legend_at;  // x and row of each entry
+  int legend_rows = legend.empty() ? 0 : 1;
+  {
+    double lx = legend_left;
+    for (const auto& item : legend) {
+      if (lx > legend_left && lx + item.width > legend_right) {
+        ++legend_rows;
+        lx = legend_left;
+      }
+      legend_at.emplace_back(lx, legend_rows - 1);
+      lx += item.width;
+    }
+  }
   const double legend_y = cursor + 18;
-  if (has_legend) cursor += 20;
+  if (legend_rows > 0) cursor += 2 + row_h * legend_rows;
   cursor += 10;
   const double top_axis_h = chart.top_axis ? 34 : 0;
   const double plot_top = cursor + top_axis_h;
@@ -187,28 +235,8 @@ void draw_line_chart(SvgWriter& svg, const Frame& frame, const LineChart& chart)
   const Scale sx{xr.lo, xr.hi, plot_left, plot_left + plot_w};
   const Scale sy{ylo, yhi, plot_top + plot_h, plot_top};
 
-  // Legend on its own row under the title: it never hides data.
-  if (has_legend) {
-    double lx = plot_left;
-    for (const Series* s : named) {
-      lx += legend_entry(svg, lx, legend_y - 4, s->name, s->color, s->line, s->points, s->dashed,
-                         std::max(s->opacity, 0.6));
-    }
-    // Reference lines are named here rather than on the line, where data would cover the label.
-    for (const auto& r : chart.ref_lines) {
-      if (!r.label.empty()) lx += legend_entry(svg, lx, legend_y - 4, r.label, r.color, true, false, true, 1);
-    }
-    for (const auto& k : chart.mark_kinds) {
-      if (k.dash.empty()) {
-        lx += legend_entry(svg, lx, legend_y - 4, k.label, kMuted, true, false, false, 1);
-      } else {
-        svg.line(lx, legend_y - 4, lx + 20, legend_y - 4, kMuted, 2, {Attr("stroke-dasharray", k.dash)});
-        svg.text(lx + 25, legend_y, k.label, 11, "start", {Attr("fill", kInk)});
-        lx += 25 + text_width(k.label, 11) + 16;
-      }
-    }
-    if (any_bad) legend_entry(svg, lx, legend_y - 4, "non-finite", kBad, false, false, false, 1, true);
-  }
+  // Legend rows under the title: they never hide data.
+  for (size_t i = 0; i < legend.size(); ++i) legend[i].draw(legend_at[i].first, legend_y - 4 + row_h * legend_at[i].second);
 
   // ---- grid and axes ----
   svg.open("g", {Attr("class", "grid")});
