@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 
 #include "xml_check.hpp"
 
@@ -151,6 +153,31 @@ TEST(LineChart, LogAxisOverManyDecadesKeepsFewLabels) {
   EXPECT_GE(y_labels.size(), 4u);
   EXPECT_LE(y_labels.size(), 9u);
   EXPECT_EQ(y_labels.front(), "0.001");  // the axis starts at the bottom decade, labelled
+}
+
+// A sweep of 16 variants: the legend wraps into rows inside the frame instead of running off
+// its right edge (which cut names off in the first norm_placement report).
+TEST(LineChart, LongLegendsWrapInsideTheFrame) {
+  LineChart c;
+  c.title = "validation loss";
+  for (int i = 0; i < 16; ++i) {
+    c.series.push_back({"post_d24_nowarmup_" + std::to_string(i), {1, 2}, {7.0 - 0.01 * i, 6.9}});
+  }
+  const double width = 900;
+  const auto doc = keel::testing::parse_xml(render_line_chart(c, width, 420));
+  std::vector<double> xs;
+  std::set<std::string> rows;
+  for (const auto* t : doc->all("text")) {
+    if (t->text.rfind("post_d24_nowarmup_", 0) != 0) continue;
+    const double x = std::stod(t->attr("x"));
+    xs.push_back(x);
+    rows.insert(t->attr("y"));
+    // Each label ends inside the frame (11 px text, ≈ 0.6 em a character).
+    EXPECT_LE(x + 0.6 * 11 * static_cast<double>(t->text.size()), width) << t->text;
+  }
+  EXPECT_EQ(xs.size(), 16u);
+  EXPECT_GE(rows.size(), 3u);  // 16 entries of ~170 px need at least 3 rows of 874 px
+  EXPECT_LE(rows.size(), 5u);
 }
 
 TEST(Heatmap, CellsColorsAndSeparators) {
