@@ -251,18 +251,7 @@ PlotResult plot_comparison(const std::vector<std::string>& run_dirs, const std::
     runs.push_back(std::move(r));
   }
   // Everything is rendered before anything is written: bad input leaves no files behind.
-  const RunPlots plots = render_comparison(runs, settings);
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec || !fs::is_directory(out_dir)) throw Error(out_dir, "", "cannot create the folder: " + ec.message());
-  PlotResult result;
-  result.notes = plots.notes;
-  for (const auto& f : plots.files) {
-    const std::string path = (fs::path(out_dir) / f.name).string();
-    io::write_file_atomic(path, f.content);
-    result.written.push_back(path);
-  }
-  return result;
+  return write_plots(render_comparison(runs, settings), out_dir);
 }
 
 }  // namespace keel::report

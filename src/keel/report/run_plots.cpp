@@ -653,14 +653,17 @@ PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, Plot
   if (settings.qk_clip_tau <= 0) settings.qk_clip_tau = read_qk_clip_tau(run_dir);
   // Everything is rendered before anything is written: bad input leaves no files behind.
   const RunPlots plots = render_run_plots(m, settings);
-  const fs::path out = out_dir.empty() ? fs::path(run_dir) / "plots" : fs::path(out_dir);
+  return write_plots(plots, out_dir.empty() ? (fs::path(run_dir) / "plots").string() : out_dir);
+}
+
+PlotResult write_plots(const RunPlots& plots, const std::string& out_dir) {
   std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec || !fs::is_directory(out)) throw Error(out.string(), "", "cannot create the folder: " + ec.message());
+  fs::create_directories(out_dir, ec);
+  if (ec || !fs::is_directory(out_dir)) throw Error(out_dir, "", "cannot create the folder: " + ec.message());
   PlotResult r;
   r.notes = plots.notes;
   for (const auto& f : plots.files) {
-    const std::string path = (out / f.name).string();
+    const std::string path = (fs::path(out_dir) / f.name).string();
     io::write_file_atomic(path, f.content);
     r.written.push_back(path);
   }

@@ -107,6 +107,9 @@ struct PlotResult {
   std::vector<std::string> notes;
 };
 PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, PlotSettings settings = {});
+// Writes rendered plots into out_dir (created if needed), each file atomically. Callers render
+// everything first, so bad input leaves no files behind.
+PlotResult write_plots(const RunPlots& plots, const std::string& out_dir);
 
 // optimizer.qk_clip_tau of RUN_DIR/run.toml; 0 when absent, off or unreadable.
 double read_qk_clip_tau(const std::string& run_dir);

@@ -390,18 +390,7 @@ SweepReportInput gather_sweep(const train::SweepConfig& sweep, const std::vector
 
 PlotResult write_sweep_report(const SweepReportInput& input, const std::string& out_dir, const PlotSettings& settings) {
   // Everything is rendered before anything is written: bad input leaves no files behind.
-  const RunPlots plots = render_sweep_report(input, settings);
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec || !fs::is_directory(out_dir)) throw Error(out_dir, "", "cannot create the report folder: " + ec.message());
-  PlotResult result;
-  result.notes = plots.notes;
-  for (const auto& f : plots.files) {
-    const std::string path = (fs::path(out_dir) / f.name).string();
-    io::write_file_atomic(path, f.content);
-    result.written.push_back(path);
-  }
-  return result;
+  return write_plots(render_sweep_report(input, settings), out_dir);
 }
 
 }  // namespace keel::report
