@@ -331,10 +331,13 @@ double read_qk_clip_tau(const std::string& run_dir) {
   return 0;
 }
 
-RunMetrics parse_metrics(std::string_view text, const std::string& path) {
-  RunMetrics m;
-  m.path = path;
-  std::vector<std::vector<double>> per_head_lines, activation_lines, update_lines;
+// Walks JSON-lines text as the trainer writes it: every non-blank line must be an object with an
+// integer "step" (errors name path:line); visit(obj, "path:line", step) for each. An unparsable
+// last line without its newline is one being written right now: it ends the walk and the
+// function returns true.
+namespace {
+template <typename Visit>
+bool for_each_step_line(std::string_view text, const std::string& path, Visit&& visit) {
   size_t pos = 0, line_no = 0;
   while (pos < text.size()) {
     const size_t nl = text.find('\n', pos);
@@ -344,12 +347,9 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     const std::string loc = path + ":" + std::to_string(line_no);
-    json obj = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const json obj = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (obj.is_discarded()) {
-      if (!terminated) {  // the trainer is writing this line right now
-        m.partial_last_line = true;
-        break;
-      }
+      if (!terminated) return true;
       throw Error(loc, "", "not valid JSON");
     }
     if (!obj.is_object()) throw Error(loc, "", std::string("expected a JSON object, got ") + type_name(obj));
@@ -358,7 +358,17 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
     if (!st->is_number_integer() && !st->is_number_unsigned()) {
       throw Error(loc, "step", std::string("expected an integer, got ") + type_name(*st));
     }
-    const auto step = static_cast<double>(st->get<int64_t>());
+    visit(obj, loc, static_cast<double>(st->get<int64_t>()));
+  }
+  return false;
+}
+}  // namespace
+
+RunMetrics parse_metrics(std::string_view text, const std::string& path) {
+  RunMetrics m;
+  m.path = path;
+  std::vector<std::vector<double>> per_head_lines, activation_lines, update_lines;
+  m.partial_last_line = for_each_step_line(text, path, [&](const json& obj, const std::string& loc, double step) {
     if (!m.steps.empty() && step <= m.steps.back()) {
       // A step again: what followed it earlier is superseded (resumed or restarted run).
       while (!m.steps.empty() && m.steps.back() >= step) {
@@ -408,7 +418,7 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
     } else {
       per_head_lines.emplace_back();
     }
-  }
+  });
   if (m.steps.empty()) throw Error(path, "", "no metrics lines (has the run taken a step yet?)");
   if (m.has_per_head()) {
     const size_t cells = static_cast<size_t>(m.layers * m.heads);
@@ -431,28 +441,9 @@ RunMetrics parse_metrics(std::string_view text, const std::string& path) {
 
 std::vector<RunEvent> parse_events(std::string_view text, const std::string& path) {
   std::vector<RunEvent> out;
-  size_t pos = 0, line_no = 0;
-  while (pos < text.size()) {
-    const size_t nl = text.find('\n', pos);
-    const bool terminated = nl != std::string_view::npos;
-    const std::string_view line = text.substr(pos, terminated ? nl - pos : std::string_view::npos);
-    pos = terminated ? nl + 1 : text.size();
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string loc = path + ":" + std::to_string(line_no);
-    const json obj = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (obj.is_discarded()) {
-      if (!terminated) break;  // the trainer is writing this line right now
-      throw Error(loc, "", "not valid JSON");
-    }
-    if (!obj.is_object()) throw Error(loc, "", std::string("expected a JSON object, got ") + type_name(obj));
-    const auto st = obj.find("step");
-    if (st == obj.end()) throw Error(loc, "step", "missing");
-    if (!st->is_number_integer() && !st->is_number_unsigned()) {
-      throw Error(loc, "step", std::string("expected an integer, got ") + type_name(*st));
-    }
-    out.push_back(event_of(obj, loc, static_cast<double>(st->get<int64_t>())));
-  }
+  for_each_step_line(text, path, [&](const json& obj, const std::string& loc, double step) {
+    out.push_back(event_of(obj, loc, step));
+  });
   return out;
 }
 
