@@ -118,6 +118,34 @@ TEST(LineChart, HugeValuesOfADivergedRunAreMarkedNotScaled) {
   EXPECT_EQ(format_tick(1e300, 1e299), "1e+300");
 }
 
+// Steps and values that differ only below double precision at their magnitude (a damaged or
+// hostile metrics.jsonl): the axes widen to a span they can resolve instead of looping or
+// failing a check; a constant heatmap at 1e17 likewise gets a colorbar.
+TEST(LineChart, ValuesEqualToWithinRoundingStillGetAxes) {
+  LineChart c;
+  c.x_integer = true;
+  c.series.push_back(Series{"loss", {1e17, 1e17 + 16, 1e17 + 32}, {5e16, 5e16 + 8, 5e16}});
+  const auto doc = testing::parse_xml(render_line_chart(c));
+  const auto axes = checked(doc).all("g", "axes");
+  ASSERT_EQ(axes.size(), 1u);
+  const size_t labels = axes[0]->all("text").size();
+  EXPECT_GE(labels, 4u);
+  EXPECT_LE(labels, 30u);
+
+  LineChart one;
+  one.x_integer = one.y_integer = true;
+  one.series.push_back(Series{"loss", {3e17}, {4e17}});
+  checked(testing::parse_xml(render_line_chart(one)));
+
+  Heatmap h;
+  h.row_labels = {"L0 H0"};
+  h.col_start = {1e17};
+  h.col_end = {1e17 + 16};
+  h.values = {1e17};
+  const auto map = testing::parse_xml(render_heatmap(h));
+  EXPECT_EQ(checked(map).all("g", "cells").at(0)->all("rect").size(), 1u);
+}
+
 TEST(LineChart, OnePointOneSeriesAndNoData) {
   LineChart c;
   c.title = "one step";

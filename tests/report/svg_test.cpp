@@ -59,6 +59,31 @@ TEST(NiceTicks, RandomRangesGiveAFewRoundTicksInside) {
   }
 }
 
+// Ranges doubles cannot subdivide: 1e17 to 1e17 + 16 (a step count or loss read from a damaged
+// metrics file) once looped forever, since k + 1 == k at 2e16, until memory ran out. Ranges
+// whose width overflows must not divide by infinity either.
+TEST(NiceTicks, RangesBeyondDoublePrecisionFallBackToTheirEnds) {
+  const Ticks narrow = nice_ticks(1e17, 1e17 + 16, 4, /*integer=*/true);
+  EXPECT_EQ(narrow.values, (std::vector<double>{1e17, 1e17 + 16}));
+  EXPECT_DOUBLE_EQ(narrow.step, 16);
+
+  const double big = std::numeric_limits<double>::max();
+  const Ticks wide = nice_ticks(-big, big, 5);
+  ASSERT_GE(wide.values.size(), 2u);
+  ASSERT_LE(wide.values.size(), 10u);
+  EXPECT_TRUE(std::isfinite(wide.step));
+  for (double v : wide.values) {
+    EXPECT_TRUE(std::isfinite(v));
+    EXPECT_GE(v, -big);
+    EXPECT_LE(v, big);
+  }
+  // Still 1-2-5 ticks when the values are large but the span is resolvable.
+  const Ticks fine = nice_ticks(1e12, 1e12 + 1000, 5);
+  EXPECT_DOUBLE_EQ(fine.step, 200);
+  EXPECT_EQ(fine.values.size(), 6u);
+  EXPECT_EQ(fine.values.front(), 1e12);
+}
+
 TEST(TickLabels, ExactShortAndSi) {
   EXPECT_EQ(format_tick(0.1 * 3, 0.1), "0.3");
   EXPECT_EQ(format_tick(0.25, 0.05), "0.25");

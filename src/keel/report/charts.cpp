@@ -33,13 +33,21 @@ struct Range {
   bool empty() const { return !(lo <= hi); }
 };
 
-// Widens a degenerate range (one point, a constant series) so an axis can be drawn.
+// The narrowest span an axis can resolve around values of magnitude `mag`: below it, tick steps
+// are lost in rounding (1e17 + 1 == 1e17).
+double resolvable_span(double mag) { return std::abs(mag) * 1e-9; }
+
+// Widens a degenerate range (one point, a constant series, values equal to within rounding) so
+// an axis can be drawn.
 void widen(Range& r, bool integer) {
   if (r.empty()) {
     r.lo = 0;
     r.hi = 1;
-  } else if (r.lo == r.hi) {
-    const double pad = integer ? 1.0 : std::max(std::abs(r.lo) * 0.1, 1e-3);
+    return;
+  }
+  const double mag = std::max(std::abs(r.lo), std::abs(r.hi));
+  if (r.hi - r.lo <= resolvable_span(mag)) {
+    const double pad = integer ? std::max(1.0, resolvable_span(mag)) : std::max(mag * 0.1, 1e-3);
     r.lo -= pad;
     r.hi += pad;
   }
@@ -400,7 +408,9 @@ ValueRange heatmap_range(const std::vector<double>& values) {
   out.any = !r.empty();
   if (!out.any) return out;
   out.lo = r.lo;
-  out.hi = r.hi > r.lo ? r.hi : r.lo + 1;  // a constant map: every cell at the bottom colour
+  // A constant map (to within rounding): every cell at the bottom colour.
+  const double span = std::max(1.0, resolvable_span(r.lo) * 4);
+  out.hi = r.hi - r.lo > resolvable_span(r.hi) ? r.hi : r.lo + span;
   return out;
 }
 

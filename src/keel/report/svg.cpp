@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 
 #include "keel/core/error.hpp"
 
@@ -162,15 +164,26 @@ double nice_step(double range, int target) {
 }
 
 Ticks nice_ticks(double lo, double hi, int target, bool integer) {
-  KEEL_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo < hi);
+  KEEL_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo < hi && target > 0);
   Ticks t;
-  t.step = nice_step(hi - lo, target);
+  // hi - lo overflows for ranges near the ends of double; half of it does not.
+  const double range = std::isfinite(hi - lo) ? hi - lo : 2 * (hi / 2 - lo / 2);
+  t.step = std::isfinite(range) ? nice_step(range, target) : std::numeric_limits<double>::max();
   if (integer) t.step = std::max(t.step, 1.0);
   // Integer multiples of the step, so 0.1 * 3 prints as 0.3 and 0 sits exactly on 0.
   const double first = std::ceil(lo / t.step - 1e-9);
   const double last = std::floor(hi / t.step + 1e-9);
-  for (double k = first; k <= last; ++k) {
-    double v = k * t.step;
+  // A range narrower than doubles resolve at its magnitude (1e17 to 1e17 + 16) has steps too
+  // fine to count in: k + 1 == k there. Its two ends are the only ticks that can be told apart.
+  const double magnitude = std::max(std::abs(first), std::abs(last));
+  if (!(last >= first) || last - first > 4.0 * target + 16 || magnitude > 1e15) {
+    t.step = std::isfinite(range) ? range : std::numeric_limits<double>::max();
+    t.values = {lo, hi};
+    return t;
+  }
+  const auto count = static_cast<int64_t>(last - first) + 1;
+  for (int64_t i = 0; i < count; ++i) {
+    double v = (first + static_cast<double>(i)) * t.step;
     if (std::abs(v) < t.step * 1e-9) v = 0;
     t.values.push_back(v);
   }
