@@ -108,6 +108,9 @@ FIXTURES = {
         "init_override": {"model.embed_tokens.weight": 1.0},
     },
     "llama_sandwich": {"config": llama_variant({"norm": "rmsnorm", "norm_placement": "sandwich"})},
+    # Post-norm with the Transformer's sqrt(d) embedding scale: the 0.02-scale table enters layer
+    # 0's attention at ~0.11, and the scale is on the embedding's gradient path too.
+    "llama_post_embed_scale": {"config": llama_variant({"norm_placement": "post", "embed_scale": "sqrt_hidden"})},
     "llama_qknorm_bias": {"config": llama_variant({"qk_norm": True, "qkv_bias": True})},
     "llama_caps_zloss": {
         "config": llama_variant({"attn_softcap": 20.0, "final_softcap": 15.0, "z_loss": 1e-3}),
@@ -282,7 +285,7 @@ def check_attention_naive(name, s, params, tokens):
     h // (heads / kv_heads), independent of rotate_half / repeat_kv."""
     B, T = tokens.shape
     p = params
-    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"])
+    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"]) * s.get("embed_scale", 1.0)
     if s["placement"] != "post":
         x = rm.apply_norm(s, p, "model.layers.0.input_layernorm", x)
     cos, sin = rm.rope_cos_sin(s, T)

@@ -9,7 +9,8 @@ Families: gpt2, llama, mistral, qwen2, qwen3, deepseek_v3 / kimi_k2 with Multi-h
 Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), and the MoE
 families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), plus keel's
 variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
-norm_placement (pre|post|sandwich), qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap.
+norm_placement (pre|post|sandwich), qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap,
+embed_scale (a number or "sqrt_hidden").
 
 Parameters are a dict {hf_name: tensor} with exactly the names and shapes of the HF
 checkpoints (and of keel's src/keel/arch/hf_tensors.cpp).
@@ -88,7 +89,7 @@ def resolve(cfg):
             rope=None, scale_attn_by_inverse_layer_idx=cfg.get("scale_attn_by_inverse_layer_idx", False),
         )
         s.update(z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
-                 final_softcap=float(keel.get("final_softcap", 0.0)))
+                 final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H))
         return s
 
     if mt not in _FAMILY_DEFAULTS:
@@ -129,13 +130,20 @@ def resolve(cfg):
         qk_norm=qk_norm, qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, gated=True,
         rope={"theta": float(cfg.get("rope_theta", theta_d)), "scaling": cfg.get("rope_scaling")},
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
-        final_softcap=float(keel.get("final_softcap", 0.0)),
+        final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H),
     )
     # Glm4MoeRotaryEmbedding: only the first head_dim * partial_rotary_factor dims rotate.
     prf = float(cfg.get("partial_rotary_factor", 0.5 if mt == "glm4_moe" else 1.0))
     s["rotary_dim"] = int(head_dim * prf)
     s.update(resolve_moe(cfg, mt, s["layers"]))
     return s
+
+
+def _embed_scale(keel, hidden):
+    """keel.embed_scale: the factor on the token embeddings (Vaswani et al. 2017 §3.4 and Gemma
+    use sqrt(hidden_size))."""
+    v = keel.get("embed_scale", 1.0)
+    return math.sqrt(hidden) if v == "sqrt_hidden" else float(v)
 
 
 def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
@@ -159,7 +167,7 @@ def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
         mla={"q_lora_rank": cfg.get("q_lora_rank"), "kv_lora_rank": cfg["kv_lora_rank"], "nope": nope,
              "rope": rope, "v": v, "interleave": bool(cfg.get("rope_interleave", True))},
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
-        final_softcap=float(keel.get("final_softcap", 0.0)),
+        final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, cfg["hidden_size"]),
     )
     moe_cfg = dict(cfg, first_k_dense_replace=cfg.get("first_k_dense_replace", 3))  # DeepseekV3Config default
     s.update(resolve_moe(moe_cfg, "glm4_moe", L))
@@ -647,6 +655,8 @@ def decoder_forward(s, p, tokens, collect_stats=True):
     T = tokens.shape[1]
     emb = p["model.embed_tokens.weight"]
     x = F.embedding(tokens, emb)
+    if s.get("embed_scale", 1.0) != 1.0:
+        x = x * s["embed_scale"]
     cos, sin = rope_cos_sin(s, T, emb.dtype)
     stats = [] if collect_stats else None
     for l in range(s["layers"]):
@@ -689,7 +699,7 @@ def gpt2_forward(s, p, tokens, collect_stats=True):
     (GPT2Block), ln_f, lm_head tied to wte."""
     T = tokens.shape[1]
     wte = p["transformer.wte.weight"]
-    x = F.embedding(tokens, wte) + p["transformer.wpe.weight"][:T][None]
+    x = F.embedding(tokens, wte) * s.get("embed_scale", 1.0) + p["transformer.wpe.weight"][:T][None]
     stats = [] if collect_stats else None
     ln = lambda name, t: layer_norm(t, p[name + ".weight"], p[name + ".bias"], s["eps"])  # noqa: E731
     for l in range(s["layers"]):

@@ -144,6 +144,17 @@ TEST(ConfigErrors, KeelExtensionIsChecked) {
   auto gpt2 = nlohmann::json::parse(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
       "vocab_size": 256, "keel": {"mlp": "gated"}})");
   EXPECT_EQ(spec_error(gpt2).field(), "keel.mlp");
+  // keel.embed_scale: a positive number or "sqrt_hidden" (qwen3() has hidden_size 64).
+  c["keel"] = {{"embed_scale", "sqrt_hidden"}};
+  EXPECT_DOUBLE_EQ(spec_from_config(c, "cfg.json").embed_scale, 8.0);
+  c["keel"] = {{"embed_scale", 2.5}};
+  EXPECT_DOUBLE_EQ(spec_from_config(c, "cfg.json").embed_scale, 2.5);
+  for (const nlohmann::json& bad : {nlohmann::json("sqrt_d"), nlohmann::json(0), nlohmann::json(-1), nlohmann::json(true)}) {
+    c["keel"] = {{"embed_scale", bad}};
+    const Error e = spec_error(c);
+    EXPECT_EQ(e.field(), "keel.embed_scale") << bad.dump();
+    EXPECT_EQ(e.file(), "cfg.json") << bad.dump();
+  }
 }
 
 TEST(ConfigErrors, MoeShapesAreChecked) {

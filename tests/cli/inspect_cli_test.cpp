@@ -32,6 +32,18 @@ TEST(InspectCli, FolderAndOverrides) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"]["num_hidden_layers"], 4);
   EXPECT_EQ(j["params"]["total"], int64_t{128256} * 4096 + 4096 + 4 * int64_t{218'112'000});
+  EXPECT_DOUBLE_EQ(j["architecture"]["embed_scale"].get<double>(), 1.0);
+
+  // keel.embed_scale from --set: √4096 = 64 in the JSON and the table; a bad value names the key.
+  auto scaled = run_keel("inspect --json --set keel.embed_scale=sqrt_hidden " + source_path("configs/hf/llama-3.1-8b.json"));
+  ASSERT_EQ(scaled.status, 0) << scaled.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(scaled.out)["architecture"]["embed_scale"].get<double>(), 64.0);
+  auto table = run_keel("inspect --set keel.embed_scale=2.5 " + source_path("configs/hf/llama-3.1-8b.json"));
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("embedding scale          2.5"), std::string::npos) << table.out;
+  auto bad = run_keel("inspect --set keel.embed_scale=-1 " + source_path("configs/hf/llama-3.1-8b.json"));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("keel.embed_scale"), std::string::npos) << bad.err;
 }
 
 TEST(InspectCli, SideBySideTableAndJsonArray) {

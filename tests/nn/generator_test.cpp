@@ -93,6 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gqa4", "llama.json", {"num_attention_heads=8", "num_key_value_heads=2", "head_dim=8"}},
                       Case{"layernorm_post", "llama.json", {"keel.norm=layernorm", "keel.norm_placement=post"}},
                       Case{"sandwich", "qwen3.json", {"keel.norm_placement=sandwich"}},
+                      Case{"post_embed_scale", "llama.json", {"keel.norm_placement=post", "keel.embed_scale=sqrt_hidden"}},
                       Case{"qknorm_qkvbias", "llama.json", {"keel.qk_norm=true", "keel.qkv_bias=true"}},
                       Case{"softcaps", "llama.json", {"keel.attn_softcap=5", "keel.final_softcap=3"}},
                       Case{"llama_bias_geglu", "llama.json", {"attention_bias=true", "mlp_bias=true", "hidden_act=gelu"}},

@@ -110,6 +110,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gqa4", "llama.json", {"num_attention_heads=8", "num_key_value_heads=2", "head_dim=8"}},
                       Case{"layernorm_post", "llama.json", {"keel.norm=layernorm", "keel.norm_placement=post"}},
                       Case{"sandwich", "llama.json", {"keel.norm_placement=sandwich"}},
+                      Case{"post_embed_scale", "llama.json", {"keel.norm_placement=post", "keel.embed_scale=sqrt_hidden"}},
+                      Case{"gpt2_embed_scale", "gpt2.json", {"keel.embed_scale=3"}},
                       Case{"qknorm_qkvbias", "llama.json", {"keel.qk_norm=true", "keel.qkv_bias=true"}},
                       Case{"caps_zloss", "llama.json", {"keel.attn_softcap=5", "keel.final_softcap=3", "keel.z_loss=0.01"}},
                       Case{"geglu", "llama.json", {"hidden_act=gelu"}},

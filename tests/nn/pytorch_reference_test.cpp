@@ -179,6 +179,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PytorchReference, ::testing::ValuesIn(fixture
 TEST(PytorchReferenceFixtures, EveryDenseFamilyHasOne) {
   auto names = fixture_names();
   for (const char* family : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "llama_layernorm_post", "llama_sandwich",
+                             "llama_post_embed_scale",
                              "llama_caps_zloss", "deepseek_v3_mla", "mla_no_q_lora"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), family), names.end()) << "missing fixture " << family;
   }

@@ -201,6 +201,7 @@ TEST_F(HfExport, RefusesVariantsTheFamilyCannotExpressNamingTheField) {
   EXPECT_EQ(field_of_refusal("qwen2_nobias", "qwen2.json", {"keel.qkv_bias=false"}), "keel.qkv_bias");
   EXPECT_EQ(field_of_refusal("attn_cap", "llama.json", {"keel.attn_softcap=30"}), "keel.attn_softcap");
   EXPECT_EQ(field_of_refusal("final_cap", "qwen3.json", {"keel.final_softcap=30"}), "keel.final_softcap");
+  EXPECT_EQ(field_of_refusal("embed_scale", "qwen3.json", {"keel.embed_scale=sqrt_hidden"}), "keel.embed_scale");
   EXPECT_EQ(field_of_refusal("partial", "qwen3.json", {"partial_rotary_factor=0.5"}), "partial_rotary_factor");
   EXPECT_EQ(field_of_refusal("gpt2", "gpt2.json", {}), "model_type");
 }

@@ -120,7 +120,8 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                {"mtp_layers", spec.mtp_layers},
                {"initializer_range", spec.initializer_range},
                {"z_loss", spec.z_loss},
-               {"final_softcap", spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr)}};
+               {"final_softcap", spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr)},
+               {"embed_scale", spec.embed_scale}};
 
   const auto& p = acc.params;
   json params = {{"total", p.total},

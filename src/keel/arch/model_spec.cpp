@@ -1,6 +1,7 @@
 #include "keel/arch/model_spec.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "keel/arch/config_reader.hpp"
@@ -108,12 +109,13 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   if (it == config.end() || it->is_null()) return;
   if (!it->is_object()) throw Error(source, "keel", "expected an object, got a " + std::string(it->type_name()));
   static const std::set<std::string> known = {"norm",         "norm_placement", "qk_norm",       "qkv_bias", "z_loss",
-                                              "attn_softcap", "final_softcap",  "mla_latent_norms", "mlp"};
+                                              "attn_softcap", "final_softcap",  "mla_latent_norms", "mlp",
+                                              "embed_scale"};
   for (const auto& [key, value] : it->items()) {
     if (!known.contains(key)) {
       throw Error(source, "keel." + key,
                   "unknown key; supported: norm, norm_placement, qk_norm, qkv_bias, z_loss, "
-                  "attn_softcap, final_softcap, mla_latent_norms, mlp");
+                  "attn_softcap, final_softcap, mla_latent_norms, mlp, embed_scale");
     }
   }
   ConfigReader r(*it, source, "keel.");
@@ -162,6 +164,17 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   spec.z_loss = r.optional_number("z_loss", 0.0, 0.0, 1e3);
   spec.attention.softcap = r.optional_number("attn_softcap", 0.0, 0.0, 1e6);
   spec.final_softcap = r.optional_number("final_softcap", 0.0, 0.0, 1e6);
+  if (r.has("embed_scale")) {
+    // Vaswani et al. 2017 (§3.4) and Gemma multiply the embeddings by sqrt(hidden_size), so that
+    // a 0.02-scale table enters the first block at unit scale; "sqrt_hidden" names that choice.
+    if (it->at("embed_scale").is_string()) {
+      const auto name = r.optional_string("embed_scale", "");
+      if (name != "sqrt_hidden") r.fail("embed_scale", "expected a number or \"sqrt_hidden\", got \"" + name + "\"");
+      spec.embed_scale = std::sqrt(static_cast<double>(spec.hidden_size));
+    } else {
+      spec.embed_scale = r.optional_number("embed_scale", 1.0, 0.0, 1e4, /*min_exclusive=*/true);
+    }
+  }
 }
 
 void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {

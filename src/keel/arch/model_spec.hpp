@@ -112,6 +112,7 @@ struct ModelSpec {
   int64_t mtp_layers = 0;        // num_nextn_predict_layers
   double z_loss = 0.0;           // keel.z_loss
   double final_softcap = 0.0;    // keel.final_softcap
+  double embed_scale = 1.0;      // keel.embed_scale: token embeddings are multiplied by it
 
   bool is_moe_layer(int64_t layer) const {
     return moe.enabled && moe.moe_layer[static_cast<size_t>(layer)];

@@ -54,6 +54,7 @@ void check_expressible(const arch::ModelSpec& spec) {
   if (a.softcap > 0) throw Error(src, "keel.attn_softcap", family + " has no attention logit soft-cap");
   if (spec.mlp.kind != arch::FfnKind::Gated) throw Error(src, "keel.mlp", family + "'s MLP is gated (gate_proj)");
   if (spec.final_softcap > 0) throw Error(src, "keel.final_softcap", family + " has no final logit soft-cap");
+  if (spec.embed_scale != 1.0) throw Error(src, "keel.embed_scale", family + " does not scale its embeddings");
   if (a.rope.rotary_dim != a.head_dim) {
     throw Error(src, "partial_rotary_factor", family + " rotates the whole head (partial_rotary_factor 1)");
   }
