@@ -31,6 +31,7 @@ fuzz: deps
 	bash scripts/fuzz.sh 60
 
 bench: build
+	bash scripts/install-deps.sh --torch
 	/usr/bin/python3 bench/train_step_vs_pytorch.py --keel $(BUILD)/keel
 
 clean:

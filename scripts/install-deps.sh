@@ -14,6 +14,16 @@ PACKAGES=(
   chromium                          # renders the `keel compare` report in a test (headless)
 )
 
+# The PyTorch peer: benchmarks against it (bench/), fixture regeneration (tools/make_fixtures.py)
+# and the PyTorch cross-checks under experiments/. Not needed to build or test: the tests read
+# committed fixtures. `install-deps.sh --torch` adds it.
+if [[ "${1:-}" == "--torch" ]]; then
+  PACKAGES+=(python3-torch python3-numpy)
+elif [[ $# -gt 0 ]]; then
+  echo "usage: $0 [--torch]" >&2
+  exit 2
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

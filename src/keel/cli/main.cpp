@@ -1,16 +1,23 @@
 // keel: one binary, one subcommand per job. The only place that prints errors and exits.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "keel/cli/commands.hpp"
+#include "keel/core/denormals.hpp"
 #include "keel/core/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "keel: train, inspect and compare transformer language models built from Hugging Face "
       "config.json files, with the mechanisms that keep training stable."};
+  // Subnormal floats are flushed to zero on every thread (core/denormals.hpp): on some x86 cores
+  // they slow a training step several-fold. KEEL_DENORMALS=keep leaves IEEE behaviour.
+  const char* denormals = std::getenv("KEEL_DENORMALS");
+  keel::set_flush_denormals(denormals == nullptr || std::string(denormals) != "keep");
   app.require_subcommand(1);
   app.set_version_flag("--version", "keel 0.1.0");
   keel::cli::register_inspect(app);
