@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "keel/core/error.hpp"
 #include "keel/report/sweep_report.hpp"
@@ -240,10 +243,23 @@ TEST_F(SweepReport, ChartsOverlayVariantsAndMarkEvents) {
   EXPECT_EQ(heat->all("rect").size() >= 30u, true);  // 3 layers x 10 steps of cells
 }
 
-TEST_F(SweepReport, TwelveVariantsTwelveColours) {
+// CIELAB (D65) of a #rrggbb colour, for the distance two curves' colours are apart.
+std::array<double, 3> lab_of(const std::string& hex) {
+  auto linear = [&](int at) {
+    const double c = std::stoi(hex.substr(static_cast<size_t>(at), 2), nullptr, 16) / 255.0;
+    return c <= 0.04045 ? c / 12.92 : std::pow((c + 0.055) / 1.055, 2.4);
+  };
+  const double r = linear(1), g = linear(3), b = linear(5);
+  const double x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, y = 0.2126 * r + 0.7152 * g + 0.0722 * b,
+               z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883;
+  auto f = [](double t) { return t > 0.008856 ? std::cbrt(t) : 7.787 * t + 16.0 / 116; };
+  return {116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))};
+}
+
+TEST_F(SweepReport, TwentyVariantsTwentyDistinguishableColours) {
   fs::remove_all(dir_ / "runs");
   std::string sweep = "[sweep]\nbase = \"base.toml\"\n";
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < 20; ++i) {
     const std::string name = str_cat("v", std::to_string(i));
     sweep += str_cat("[[variant]]\nname = \"", name, "\"\n");
     write_run(name, str_cat("{\"step\":1,\"loss\":", std::to_string(3 + i), "}\n{\"step\":2,\"loss\":2}\n"), "", "");
@@ -253,7 +269,16 @@ TEST_F(SweepReport, TwelveVariantsTwelveColours) {
   const auto loss = parse_xml(find(p, "compare_loss.svg")->content);
   std::set<std::string> colours;
   for (const auto* g : loss->all("g", "series")) colours.insert(g->all("polyline").at(0)->attr("stroke"));
-  EXPECT_EQ(colours.size(), 12u);
+  ASSERT_EQ(colours.size(), 20u);
+  // Two curves a reader must tell apart: every pair at least 20 CIELAB units apart (ΔE76).
+  const std::vector<std::string> list(colours.begin(), colours.end());
+  for (size_t a = 0; a < list.size(); ++a) {
+    for (size_t b = a + 1; b < list.size(); ++b) {
+      const auto p = lab_of(list[a]), q = lab_of(list[b]);
+      const double d = std::hypot(p[0] - q[0], p[1] - q[1], p[2] - q[2]);
+      EXPECT_GE(d, 20.0) << list[a] << " vs " << list[b];
+    }
+  }
 }
 
 TEST_F(SweepReport, NewKeysMissingEverywhereGiveNoDataNotFailure) {

@@ -21,12 +21,15 @@ namespace {
 namespace fs = std::filesystem;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// One colour per variant: Tableau 10, then its lighter companions (sweeps such as norm_placement
-// have 12 variants; a repeated colour would make two variants one curve).
+// One colour per variant: Tableau 10, then ten darker or more saturated hues (sweeps such as
+// norm_placement's follow-up have 17 variants; a repeated colour would make two variants one
+// curve). Tableau 20's lighter companions were tried first and rejected: teal and its companion
+// are 4 CIELAB units apart, unreadable as two curves. Every pair here is at least 21 apart
+// (Tableau 10's own closest pair, teal and grey, is 26); beyond 20 the colours repeat.
 std::string variant_color(size_t i) {
-  static const char* light[] = {"#a0cbe8", "#ffbe7d", "#ff9d9a", "#86bcb6", "#8cd17d",
-                                "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e"};
-  return i < 10 ? categorical_color(i) : std::string(light[(i - 10) % 10]);
+  static const char* more[] = {"#1f3b73", "#b35806", "#8e0c3a", "#00706b", "#2d6a1f",
+                               "#8a7400", "#5b2a86", "#d6249f", "#4a3b2b", "#6b6ecf"};
+  return i % 20 < 10 ? categorical_color(i % 20) : std::string(more[i % 20 - 10]);
 }
 
 double median_of(std::vector<double> v) {
