@@ -48,5 +48,24 @@ TEST(EmbeddingKernel, GradientMatchesFiniteDifferences) {
   testing::expect_gradient(table, dtable, loss, "dtable");
 }
 
+// keel.embed_scale: out = scale * row, and the table's gradient carries the same factor.
+TEST(EmbeddingKernel, ScaledGradientMatchesFiniteDifferences) {
+  const int64_t vocab = 5, dim = 3, n = 4;
+  const float scale = 2.5f;
+  const std::vector<int32_t> ids = {1, 4, 1, 0};
+  auto table = random_vector(size_t(vocab * dim), 6);
+  const auto g = random_vector(size_t(n * dim), 7);
+  std::vector<float> out(size_t(n * dim)), dtable(table.size(), 0.f);
+  embedding_forward(ids.data(), table.data(), out.data(), n, dim, scale);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < dim; ++j) EXPECT_EQ(out[size_t(i * dim + j)], scale * table[size_t(ids[size_t(i)] * dim + j)]);
+  auto loss = [&] {
+    embedding_forward(ids.data(), table.data(), out.data(), n, dim, scale);
+    return testing::dot(out, g);
+  };
+  embedding_backward(ids.data(), g.data(), dtable.data(), n, dim, scale);
+  testing::expect_gradient(table, dtable, loss, "dtable");
+}
+
 }  // namespace
 }  // namespace keel::kernels

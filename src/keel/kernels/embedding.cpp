@@ -7,16 +7,20 @@
 namespace keel::kernels {
 
 // ids: (n), table: (vocab, dim) -> out: (n, dim)
-void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim) {
+void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, float scale) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = table + int64_t(ids[i]) * dim;
-    std::copy(row, row + dim, out + i * dim);
+    if (scale == 1.0f) {
+      std::copy(row, row + dim, out + i * dim);
+    } else {
+      std::transform(row, row + dim, out + i * dim, [scale](float v) { return scale * v; });
+    }
   }
 }
 
 // ids: (n), dout: (n, dim); accumulates dtable: (vocab, dim)
-void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim) {
+void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, float scale) {
   // Column slices of 16 floats (one cache line) keep threads off each other's lines.
   constexpr int64_t kAlign = 16;
   const int64_t units = (dim + kAlign - 1) / kAlign;
@@ -28,7 +32,11 @@ void embedding_backward(const int32_t* ids, const float* dout, float* dtable, in
     for (int64_t i = 0; i < n && j0 < j1; ++i) {
       float* dst = dtable + int64_t(ids[i]) * dim;
       const float* src = dout + i * dim;
-      for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
+      if (scale == 1.0f) {
+        for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
+      } else {
+        for (int64_t j = j0; j < j1; ++j) dst[j] += scale * src[j];
+      }
     }
   }
 }

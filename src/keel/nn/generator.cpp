@@ -274,11 +274,7 @@ void Generator::run(const int32_t* tokens, int64_t n) {
   }
   const size_t size = static_cast<size_t>(n * hidden_);
   std::vector<float> x(size), a(size), b(size), f(size);
-  kernels::embedding_forward(tokens, embed_, x.data(), n, hidden_);
-  if (spec_.embed_scale != 1.0) {
-    const auto scale = static_cast<float>(spec_.embed_scale);
-    for (float& v : x) v *= scale;
-  }
+  kernels::embedding_forward(tokens, embed_, x.data(), n, hidden_, static_cast<float>(spec_.embed_scale));
   if (positions_ != nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       const float* p = positions_ + (length_ + i) * hidden_;

@@ -184,21 +184,13 @@ const float* TransformerModel::lm_head_weight() const {
   return store_.data(lm_head_.valid() ? lm_head_ : embed_);
 }
 
-void TransformerModel::scale_embeddings(float* x, int64_t n) const {
-  const auto scale = static_cast<float>(spec_.embed_scale);
-  if (scale == 1.0f) return;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
-}
-
 float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s) {
   KEEL_CHECK(s.seq <= spec_.max_position_embeddings);
   arena_.reset();
   tokens_ = tokens;
   const int64_t n = s.tokens(), h = spec_.hidden_size;
   float* x = arena_.alloc(static_cast<size_t>(n * h));
-  kernels::embedding_forward(tokens, store_.data(embed_), x, n, h);
-  scale_embeddings(x, n * h);
+  kernels::embedding_forward(tokens, store_.data(embed_), x, n, h, static_cast<float>(spec_.embed_scale));
   if (positions_.valid()) {
     const float* wpe = store_.data(positions_);
 #pragma omp parallel for schedule(static)
@@ -245,6 +237,7 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
     final_norm_->backward(store_, dhf, dx, n);
   }
   for (size_t l = blocks_.size(); l-- > 0;) dx = blocks_[l]->backward(store_, arena_, dx, s);
+  kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h, static_cast<float>(spec_.embed_scale));
   if (positions_.valid()) {
     float* dwpe = store_.grad(positions_);
     // Positions are shared by the batch; loop over positions outside so threads never collide.
@@ -256,8 +249,6 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
       }
     }
   }
-  scale_embeddings(dx, n * h);  // the token embeddings' share of dx (positions are not scaled)
-  kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h);
   return {r.ce_sum, r.z_sum, r.count};
 }
 

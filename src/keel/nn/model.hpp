@@ -94,8 +94,6 @@ class TransformerModel {
   // Embeddings and blocks; returns the final hidden states (after the final norm, if any).
   float* forward_hidden(const int32_t* tokens, const StepShape& s);
   const float* lm_head_weight() const;
-  // x *= keel.embed_scale over n values (nothing at the default 1).
-  void scale_embeddings(float* x, int64_t n) const;
 
   arch::ModelSpec spec_;
   ParameterStore store_;

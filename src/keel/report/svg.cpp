@@ -167,8 +167,9 @@ Ticks nice_ticks(double lo, double hi, int target, bool integer) {
   KEEL_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo < hi && target > 0);
   Ticks t;
   // hi - lo overflows for ranges near the ends of double; half of it does not.
-  const double range = std::isfinite(hi - lo) ? hi - lo : 2 * (hi / 2 - lo / 2);
-  t.step = std::isfinite(range) ? nice_step(range, target) : std::numeric_limits<double>::max();
+  const double halves = 2 * (hi / 2 - lo / 2);
+  const double range = std::isfinite(hi - lo) ? hi - lo : std::isfinite(halves) ? halves : std::numeric_limits<double>::max();
+  t.step = nice_step(range, target);
   if (integer) t.step = std::max(t.step, 1.0);
   // Integer multiples of the step, so 0.1 * 3 prints as 0.3 and 0 sits exactly on 0.
   const double first = std::ceil(lo / t.step - 1e-9);
@@ -177,7 +178,7 @@ Ticks nice_ticks(double lo, double hi, int target, bool integer) {
   // fine to count in: k + 1 == k there. Its two ends are the only ticks that can be told apart.
   const double magnitude = std::max(std::abs(first), std::abs(last));
   if (!(last >= first) || last - first > 4.0 * target + 16 || magnitude > 1e15) {
-    t.step = std::isfinite(range) ? range : std::numeric_limits<double>::max();
+    t.step = range;
     t.values = {lo, hi};
     return t;
   }
