@@ -53,6 +53,56 @@ TEST(AttentionKernel, ForwardMatchesReference) {
   }
 }
 
+// Decoding with a cache: queries at positions P.. over P + T cached key rows equal the last T
+// rows of full causal attention over all P + T positions, blocked kernel and reference alike.
+// Also with keys and values interleaved in one row (MLA's absorbed cache: values are the first
+// v_dim floats of each key row).
+TEST(AttentionKernel, CacheOffsetMatchesFullAttention) {
+  struct Case { int64_t prefix, t, h, hkv, dk, dv; bool shared_rows; };
+  const Case cases[] = {{0, 5, 4, 2, 16, 16, false}, {70, 1, 4, 2, 24, 24, false}, {129, 3, 4, 1, 12, 8, false},
+                        {63, 1, 8, 1, 40, 32, true},  {5, 70, 2, 1, 20, 16, true}};
+  for (const Case& c : cases) {
+    const int64_t total = c.prefix + c.t;
+    const std::string tag = "P=" + std::to_string(c.prefix) + " T=" + std::to_string(c.t);
+    AttentionDims full = dims(1, total, c.h, c.hkv, c.dk, c.dv, 0.f);
+    const std::vector<float> q = random_vector(size_t(total * c.h * c.dk), 21, -2.f, 2.f);
+    // Rows of the cache: [k (hkv·dk)] or, shared, one row of dk floats whose first dv are v.
+    const int64_t row = c.shared_rows ? c.dk : c.hkv * c.dk;
+    const std::vector<float> kbuf = random_vector(size_t(total * row), 22, -2.f, 2.f);
+    std::vector<float> k = kbuf, v;
+    if (c.shared_rows) {
+      for (int64_t u = 0; u < total; ++u)
+        for (int64_t j = 0; j < c.dv; ++j) v.push_back(kbuf[size_t(u * row + j)]);
+    } else {
+      v = random_vector(size_t(total * c.hkv * c.dv), 23);
+    }
+    std::vector<float> out_full(size_t(total * c.h * c.dv)), lse_full(size_t(total * c.h));
+    std::vector<float> mx(size_t(c.h), -std::numeric_limits<float>::infinity());
+    attention_reference_forward(q.data(), k.data(), v.data(), out_full.data(), lse_full.data(), mx.data(), full);
+
+    AttentionDims step = dims(1, c.t, c.h, c.hkv, c.dk, c.dv, 0.f);
+    step.q_offset = c.prefix;
+    const float* vp = v.data();
+    if (c.shared_rows) {
+      step.k_stride = row;
+      step.v_stride = row;
+      vp = kbuf.data();
+    }
+    const float* q_new = q.data() + c.prefix * c.h * c.dk;
+    for (bool reference : {false, true}) {
+      std::vector<float> out(size_t(c.t * c.h * c.dv)), lse(size_t(c.t * c.h)), m = mx;
+      if (reference) attention_reference_forward(q_new, kbuf.data(), vp, out.data(), lse.data(), m.data(), step);
+      else attention_forward(q_new, kbuf.data(), vp, out.data(), lse.data(), m.data(), step);
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], out_full[size_t(c.prefix * c.h * c.dv) + i], 2e-5) << tag << " ref=" << reference << " " << i;
+      for (int64_t t = 0; t < c.t; ++t)
+        for (int64_t h = 0; h < c.h; ++h)
+          ASSERT_NEAR(lse[size_t(h * c.t + t)], lse_full[size_t(h * total + c.prefix + t)], 2e-5 * (1 + std::abs(lse[size_t(h * c.t + t)])))
+              << tag;
+    }
+  }
+}
+
 // max_logit is merged with the caller's value, never overwritten by a smaller one.
 TEST(AttentionKernel, MaxLogitKeepsLargerIncomingValue) {
   const AttentionDims d = dims(1, 5, 2, 2, 8, 8, 0.f);

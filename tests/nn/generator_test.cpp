@@ -9,6 +9,7 @@
 #include <random>
 
 #include "keel/arch/config_file.hpp"
+#include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
 
 namespace keel::nn {
@@ -56,11 +57,24 @@ double relative_error(std::span<const float> a, const float* b) {
   return worst / scale;
 }
 
+// Cached logits equal full-forward logits to this relative error (issue: <= 1e-5).
+constexpr double kTolerance = 1e-5;
+
+// A spec from configs/tiny/NAME, or from tests/fixtures/NAME/config.json for "fixture:NAME".
+arch::ModelSpec case_spec(const Case& c) {
+  const std::string config(c.config);
+  if (config.rfind("fixture:", 0) == 0) {
+    return arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/" + config.substr(8) + "/config.json",
+                                 c.sets);
+  }
+  return tiny_spec(c.config, c.sets);
+}
+
 class GeneratorMatchesForward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GeneratorMatchesForward, LogitsThroughTheCacheEqualTheFullForwardAtEveryPosition) {
   const Case& c = GetParam();
-  TransformerModel model(tiny_spec(c.config, c.sets));
+  TransformerModel model(case_spec(c));
   randomize(model, 7);
   const int64_t T = 21, V = model.spec().vocab_size;  // crosses the attention kernel's blocks
   const auto tokens = random_tokens(T, V, 3);
@@ -73,15 +87,15 @@ TEST_P(GeneratorMatchesForward, LogitsThroughTheCacheEqualTheFullForwardAtEveryP
   for (int64_t t = 0; t < T; ++t) {
     if (t > 0) gen.append(tokens[size_t(t)]);
     ASSERT_EQ(gen.length(), t + 1);
-    EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), 1e-4) << c.name << " position " << t;
+    EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << c.name << " position " << t;
   }
   // A multi-token prefill, then appends, reusing the same generator (the cache is reset).
   const int64_t prompt = 9;
   gen.prefill(std::span(tokens).first(prompt));
-  EXPECT_LT(relative_error(gen.next_logits(), full.data() + (prompt - 1) * V), 1e-4) << c.name << " prefill";
+  EXPECT_LT(relative_error(gen.next_logits(), full.data() + (prompt - 1) * V), kTolerance) << c.name << " prefill";
   for (int64_t t = prompt; t < T; ++t) {
     gen.append(tokens[size_t(t)]);
-    EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), 1e-4) << c.name << " after prefill, " << t;
+    EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << c.name << " after prefill, " << t;
   }
 }
 
@@ -99,7 +113,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_bias_geglu", "llama.json", {"attention_bias=true", "mlp_bias=true", "hidden_act=gelu"}},
                       Case{"partial_rotary", "qwen3.json", {"partial_rotary_factor=0.5"}},
                       Case{"mixtral_moe", "mixtral.json", {}}, Case{"qwen3_moe", "qwen3_moe.json", {}},
-                      Case{"glm4_moe_grouped", "glm4_moe.json", {"n_group=2", "topk_group=1"}}),
+                      Case{"glm4_moe_grouped", "glm4_moe.json", {"n_group=2", "topk_group=1"}},
+                      // MLA decodes from the latent cache through the absorbed projections.
+                      Case{"deepseek_v3_moe_mla", "deepseek_v3.json", {}},
+                      Case{"deepseek_v3_dense_mla", "deepseek_v3_dense.json", {}},
+                      Case{"kimi_k2", "kimi_k2.json", {}},
+                      Case{"mla_no_q_lora_bias", "fixture:mla_no_q_lora", {}},
+                      Case{"mla_no_latent_norms", "deepseek_v3_dense.json", {"keel.mla_latent_norms=false"}},
+                      Case{"mla_softcaps_zloss", "deepseek_v3_dense.json", {"keel.attn_softcap=4", "keel.final_softcap=3",
+                                                                           "keel.z_loss=1e-4"}},
+                      Case{"mla_rope_interleave_yarn", "deepseek_v3_dense.json",
+                           {"rope_interleave=true",
+                            R"(rope_scaling={"type":"yarn","factor":4,"original_max_position_embeddings":32,"mscale":1,"mscale_all_dim":1,"beta_fast":32,"beta_slow":1})"}},
+                      Case{"mla_sandwich", "deepseek_v3_dense.json", {"keel.norm_placement=sandwich"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 class GeneratorSampling : public ::testing::Test {
@@ -225,14 +251,53 @@ TEST(GeneratorStops, AtEosAndAtTheContextLength) {
 
 // MLA models train but the KV cache holds per-head K and V: the generator refuses them with a
 // keel::Error naming the reason instead of reading q_proj/k_proj tensors that do not exist.
-TEST(GeneratorRefuses, MlaAttention) {
-  TransformerModel model(tiny_spec("deepseek_v3_dense.json"));
+// Every family of the table that generates, from its tiny config: the same equality.
+TEST(GeneratorFamilies, EveryGeneratingFamilyMatchesItsFullForward) {
+  for (const arch::FamilyRow& row : arch::family_table()) {
+    if (!row.supports.generate) continue;
+    const std::string config = std::string(row.model_type) + ".json";
+    TransformerModel model(tiny_spec(config.c_str()));
+    randomize(model, 11);
+    const int64_t T = 12, V = model.spec().vocab_size;
+    const auto tokens = random_tokens(T, V, 5);
+    std::vector<float> full(static_cast<size_t>(T * V));
+    model.forward_logits(tokens.data(), 1, T, full.data());
+    Generator gen(model);
+    gen.prefill(std::span(tokens).first(4));
+    EXPECT_LT(relative_error(gen.next_logits(), full.data() + 3 * V), kTolerance) << row.model_type;
+    for (int64_t t = 4; t < T; ++t) {
+      gen.append(tokens[size_t(t)]);
+      EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << row.model_type << " " << t;
+    }
+  }
+}
+
+// The cache holds what keel inspect reports: 2·kv_heads·head_dim floats per layer and token for
+// standard attention, kv_lora_rank + qk_rope_head_dim for MLA (no expanded keys or values).
+TEST(GeneratorCache, BytesPerTokenAreTheLatentForMlaAndKeysPlusValuesOtherwise) {
+  TransformerModel mla(tiny_spec("deepseek_v3_dense.json"));
+  const auto& a = mla.spec().attention;
+  EXPECT_EQ(Generator(mla).cache_bytes_per_token(),
+            mla.spec().num_layers * (a.kv_lora_rank + a.qk_rope_head_dim) * int64_t(sizeof(float)));
+  TransformerModel gqa(tiny_spec("llama.json", {"num_attention_heads=8", "num_key_value_heads=2", "head_dim=8"}));
+  const auto& g = gqa.spec().attention;
+  EXPECT_EQ(Generator(gqa).cache_bytes_per_token(),
+            gqa.spec().num_layers * 2 * g.num_kv_heads * g.head_dim * int64_t(sizeof(float)));
+}
+
+// The cache is bounded by the context: one token past it is an error naming the config field.
+TEST(GeneratorCache, AppendingPastTheContextIsAnError) {
+  TransformerModel model(tiny_spec("llama.json", {"max_position_embeddings=8"}));
+  randomize(model, 2);
+  Generator gen(model);
+  const std::vector<int32_t> prompt(8, 3);
+  gen.prefill(prompt);
   try {
-    Generator g(model);
-    FAIL() << "MLA accepted";
+    gen.append(1);
+    FAIL() << "appended past the context";
   } catch (const Error& e) {
-    EXPECT_EQ(e.field(), "model_type");
-    EXPECT_NE(e.reason().find("MLA"), std::string::npos) << e.what();
+    EXPECT_EQ(e.field(), "max_position_embeddings");
+    EXPECT_NE(e.file().find("llama.json"), std::string::npos) << e.what();
   }
 }
 

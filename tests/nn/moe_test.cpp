@@ -9,6 +9,7 @@
 #include <random>
 
 #include "keel/arch/config_file.hpp"
+#include "keel/arch/families.hpp"
 #include "keel/kernels/activation.hpp"
 
 namespace keel::nn {
@@ -21,7 +22,6 @@ struct Case {
 };
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
 
-const std::string kPrefix = "model.layers.1.mlp";
 
 struct Harness {
   arch::ModelSpec spec;
@@ -30,7 +30,7 @@ struct Harness {
   Arena arena;
   explicit Harness(const Case& c) {
     spec = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/" + c.config, c.sets);
-    moe = std::make_unique<Moe>(store, kPrefix, spec);
+    moe = std::make_unique<Moe>(store, spec, 1);
     store.finalize();
     std::mt19937 gen(7);
     std::normal_distribution<float> noise(0.f, 1.f);
@@ -46,12 +46,15 @@ struct Harness {
     float* y = moe->forward(store, arena, x.data(), n);
     return {y, y + n * spec.hidden_size};
   }
+  // Names by role, as the family's table spells them (Mixtral: block_sparse_moe.experts.E.w1 ...).
+  std::string name(arch::TensorKind kind, arch::TensorPart part = arch::TensorPart::Weight, int64_t e = -1) const {
+    return arch::tensor_name(spec, {kind, part, 1, e});
+  }
   std::string expert_name(int64_t e, const char* which) const {
-    const bool mixtral = spec.family == arch::Family::Mixtral;
-    const std::string w = std::string(which) == "gate" ? (mixtral ? "w1" : "gate_proj")
-                          : std::string(which) == "up" ? (mixtral ? "w3" : "up_proj")
-                                                       : (mixtral ? "w2" : "down_proj");
-    return kPrefix + ".experts." + std::to_string(e) + "." + w + ".weight";
+    const std::string w(which);
+    return name(w == "gate" ? arch::TensorKind::ExpertGate : w == "up" ? arch::TensorKind::ExpertUp
+                                                                      : arch::TensorKind::ExpertDown,
+                arch::TensorPart::Weight, e);
   }
 };
 
@@ -62,8 +65,8 @@ std::vector<double> naive_moe(Harness& h, const std::vector<float>& x, int64_t n
   const auto& m = h.spec.moe;
   const int64_t C = h.spec.hidden_size, E = m.num_experts, k = m.experts_per_token, F = m.expert_intermediate_size;
   const kernels::RouterConfig rc = router_config(m);
-  const float* gate = h.store.data(kPrefix + ".gate.weight");
-  const float* bias = m.score_correction_bias ? h.store.data(kPrefix + ".gate.e_score_correction_bias") : nullptr;
+  const float* gate = h.store.data(h.name(arch::TensorKind::Router));
+  const float* bias = m.score_correction_bias ? h.store.data(h.name(arch::TensorKind::Router, arch::TensorPart::CorrectionBias)) : nullptr;
   auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
   auto mlp = [&](const float* wg, const float* wu, const float* wd, int64_t width, const float* xt, double scale,
                  std::vector<double>& out) {
@@ -100,8 +103,8 @@ std::vector<double> naive_moe(Harness& h, const std::vector<float>& x, int64_t n
           h.store.data(h.expert_name(e, "down")), F, xt, w[static_cast<size_t>(j)], out);
     }
     if (m.num_shared_experts > 0) {
-      mlp(h.store.data(kPrefix + ".shared_experts.gate_proj.weight"), h.store.data(kPrefix + ".shared_experts.up_proj.weight"),
-          h.store.data(kPrefix + ".shared_experts.down_proj.weight"), m.shared_intermediate_size, xt, 1.0, out);
+      mlp(h.store.data(h.name(arch::TensorKind::SharedGate)), h.store.data(h.name(arch::TensorKind::SharedUp)),
+          h.store.data(h.name(arch::TensorKind::SharedDown)), m.shared_intermediate_size, xt, 1.0, out);
     }
     std::copy(out.begin(), out.end(), y.begin() + t * C);
   }
@@ -177,12 +180,13 @@ TEST_P(MoeModule, BackwardMatchesFiniteDifferences) {
     EXPECT_NEAR(analytic, fd, 2e-3 + 1e-2 * std::fabs(fd)) << what;
   };
   for (int64_t i = 0; i < n * C; i += 7) probe(&x[static_cast<size_t>(i)], dx[static_cast<size_t>(i)], "x[" + std::to_string(i) + "]");
-  std::vector<std::string> names = {kPrefix + ".gate.weight"};
+  std::vector<std::string> names = {h.name(arch::TensorKind::Router)};
   for (int64_t e = 0; e < h.spec.moe.num_experts; ++e) {
     for (const char* w : {"gate", "up", "down"}) names.push_back(h.expert_name(e, w));
   }
   if (h.spec.moe.num_shared_experts > 0) {
-    for (const char* w : {"gate_proj", "up_proj", "down_proj"}) names.push_back(kPrefix + ".shared_experts." + w + ".weight");
+    for (auto kind : {arch::TensorKind::SharedGate, arch::TensorKind::SharedUp, arch::TensorKind::SharedDown})
+      names.push_back(h.name(kind));
   }
   double router_grad = 0;
   for (const std::string& name : names) {
@@ -191,14 +195,14 @@ TEST_P(MoeModule, BackwardMatchesFiniteDifferences) {
     float* v = h.store.data(name);
     const float* d = h.store.grad(name);
     for (int64_t i = 0; i < p->numel; i += std::max<int64_t>(1, p->numel / 6)) probe(v + i, d[i], name + "[" + std::to_string(i) + "]");
-    if (name == kPrefix + ".gate.weight") {
+    if (name == h.name(arch::TensorKind::Router)) {
       for (int64_t i = 0; i < p->numel; ++i) router_grad += std::fabs(d[i]);
     }
   }
   EXPECT_GT(router_grad, 0.0) << "the router must learn through the routing weights";
   EXPECT_LE(skipped, probes / 10) << "too many probes changed the routing";
   if (h.spec.moe.score_correction_bias) {
-    const float* db = h.store.grad(kPrefix + ".gate.e_score_correction_bias");
+    const float* db = h.store.grad(h.name(arch::TensorKind::Router, arch::TensorPart::CorrectionBias));
     for (int64_t e = 0; e < h.spec.moe.num_experts; ++e) EXPECT_EQ(db[e], 0.0f) << "the correction bias gets no gradient";
   }
   RecordProperty("worst_relative_error", std::to_string(worst));
@@ -220,7 +224,7 @@ TEST(MoeBias, AuxLossFreeUpdateFollowsTheSignOfTheLoadGap) {
   std::normal_distribution<float> noise(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(n * C));
   for (float& v : x) v = noise(gen);
-  float* bias = h.store.data(kPrefix + ".gate.e_score_correction_bias");
+  float* bias = h.store.data(h.name(arch::TensorKind::Router, arch::TensorPart::CorrectionBias));
   const std::vector<float> before(bias, bias + E);
   h.forward(x, n);
   const std::vector<float> load = h.moe->load();
@@ -247,7 +251,7 @@ TEST(MoeBias, SteersSelectionTowardsTheUnderloaded) {
   Harness h(Case{"glm4", "glm4_moe.json", {}});
   const int64_t n = 64, C = h.spec.hidden_size, E = h.spec.moe.num_experts;
   // Start badly unbalanced: a bias that sends most tokens to experts 0 and 1.
-  float* bias = h.store.data(kPrefix + ".gate.e_score_correction_bias");
+  float* bias = h.store.data(h.name(arch::TensorKind::Router, arch::TensorPart::CorrectionBias));
   bias[0] = 0.6f;
   bias[1] = 0.5f;
   std::mt19937 gen(4);

@@ -74,8 +74,17 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
   }
 
   const auto& mlp = spec.mlp;
-  const int64_t ffn_width = spec.moe.enabled && spec.family == Family::Mixtral ? spec.moe.expert_intermediate_size
-                                                                             : mlp.intermediate_size;
+  // Mixtral has no dense MLP: its intermediate_size is the experts' width.
+  int64_t ffn_width = mlp.intermediate_size;
+  switch (family_row(spec).moe) {
+    case MoeLayout::Mixtral:
+      if (spec.moe.enabled) ffn_width = spec.moe.expert_intermediate_size;
+      break;
+    case MoeLayout::Dense:
+    case MoeLayout::Qwen3Moe:
+    case MoeLayout::DeepseekV3:
+      break;
+  }
   json ffn = {{"kind", ffn_display_name(mlp.kind, mlp.activation)},
               {"gated", mlp.kind == FfnKind::Gated},
               {"hidden_act", mlp.hidden_act},

@@ -11,20 +11,95 @@ using B = AttentionBiasRule;
 using M = MoeLayout;
 using R = RouterKind;
 
+// How the checkpoints spell each tensor (HF modeling_*.py module paths).
+constexpr TensorNameTable kDecoderNames{
+    .embedding = "model.embed_tokens",
+    .final_norm = "model.norm",
+    .lm_head = "lm_head",
+    .input_norm = "model.layers.{L}.input_layernorm",
+    .post_attention_norm = "model.layers.{L}.post_attention_layernorm",
+    .pre_feedforward_norm = "model.layers.{L}.pre_feedforward_layernorm",
+    .post_feedforward_norm = "model.layers.{L}.post_feedforward_layernorm",
+    .q = "model.layers.{L}.self_attn.q_proj",
+    .k = "model.layers.{L}.self_attn.k_proj",
+    .v = "model.layers.{L}.self_attn.v_proj",
+    .o = "model.layers.{L}.self_attn.o_proj",
+    .q_norm = "model.layers.{L}.self_attn.q_norm",
+    .k_norm = "model.layers.{L}.self_attn.k_norm",
+    .q_a = "model.layers.{L}.self_attn.q_a_proj",
+    .q_a_norm = "model.layers.{L}.self_attn.q_a_layernorm",
+    .q_b = "model.layers.{L}.self_attn.q_b_proj",
+    .kv_a = "model.layers.{L}.self_attn.kv_a_proj_with_mqa",
+    .kv_a_norm = "model.layers.{L}.self_attn.kv_a_layernorm",
+    .kv_b = "model.layers.{L}.self_attn.kv_b_proj",
+    .mlp_gate = "model.layers.{L}.mlp.gate_proj",
+    .mlp_up = "model.layers.{L}.mlp.up_proj",
+    .mlp_down = "model.layers.{L}.mlp.down_proj",
+    .router = "model.layers.{L}.mlp.gate",
+    .expert_gate = "model.layers.{L}.mlp.experts.{E}.gate_proj",
+    .expert_up = "model.layers.{L}.mlp.experts.{E}.up_proj",
+    .expert_down = "model.layers.{L}.mlp.experts.{E}.down_proj",
+    .shared_gate = "model.layers.{L}.mlp.shared_experts.gate_proj",
+    .shared_up = "model.layers.{L}.mlp.shared_experts.up_proj",
+    .shared_down = "model.layers.{L}.mlp.shared_experts.down_proj",
+    .mtp_embedding = "model.layers.{L}.embed_tokens",
+    .mtp_enorm = "model.layers.{L}.enorm",
+    .mtp_hnorm = "model.layers.{L}.hnorm",
+    .mtp_eh_proj = "model.layers.{L}.eh_proj",
+    .mtp_head_norm = "model.layers.{L}.shared_head.norm",
+    .mtp_head = "model.layers.{L}.shared_head.head",
+};
+
+// Mixtral: the decoder's names, but the FFN is block_sparse_moe with experts w1 (gate), w3 (up),
+// w2 (down) (modeling_mixtral.py MixtralBlockSparseTop2MLP).
+constexpr TensorNameTable kMixtralNames = [] {
+  TensorNameTable t = kDecoderNames;
+  t.router = "model.layers.{L}.block_sparse_moe.gate";
+  t.expert_gate = "model.layers.{L}.block_sparse_moe.experts.{E}.w1";
+  t.expert_up = "model.layers.{L}.block_sparse_moe.experts.{E}.w3";
+  t.expert_down = "model.layers.{L}.block_sparse_moe.experts.{E}.w2";
+  t.shared_gate = t.shared_up = t.shared_down = "";
+  return t;
+}();
+
+// GPT-2 (modeling_gpt2.py): ln_1 before attention, ln_2 before the MLP (the pre-norm slots),
+// fused c_attn, Conv1D c_fc (up) and c_proj (down).
+constexpr TensorNameTable kGpt2Names{
+    .embedding = "transformer.wte",
+    .position_embedding = "transformer.wpe",
+    .final_norm = "transformer.ln_f",
+    .lm_head = "lm_head",
+    .input_norm = "transformer.h.{L}.ln_1",
+    .post_attention_norm = "transformer.h.{L}.ln_2",
+    .o = "transformer.h.{L}.attn.c_proj",
+    .qkv = "transformer.h.{L}.attn.c_attn",
+    .mlp_up = "transformer.h.{L}.mlp.c_fc",
+    .mlp_down = "transformer.h.{L}.mlp.c_proj",
+};
+
+constexpr RouterDefaults kNoRouter{1.0, 1, 1, 0};
+constexpr RouterDefaults kDeepseekRouter{2.5, 8, 4, 3};  // DeepseekV3Config
+constexpr RouterDefaults kGlmRouter{1.0, 1, 1, 1};       // Glm4MoeConfig
+using P = ProjectionLayout;
+// train, generate, export_hf, qk_clip, muon
+constexpr FamilyCapabilities kDenseExportable{true, true, true, true, true};
+constexpr FamilyCapabilities kTrainable{true, true, false, true, true};
+constexpr FamilyCapabilities kGpt2Supports{true, true, false, false, true};  // QK-Clip: fused c_attn
+
 // Defaults follow each family's transformers Config class (e.g. Qwen3Config.head_dim = 128,
 // Glm4MoeConfig.partial_rotary_factor = 0.5, MixtralConfig.rope_theta = 1e6).
 constexpr std::array kFamilies = {
-    //        family            model_type     HF class                  gpt2  mla   qkn    qk field       bias rule            mlp_b  moe         router              tie    eps    theta   rot   hd
-    FamilyRow{Family::Gpt2,       "gpt2",        "GPT2LMHeadModel",        true,  false, false, "",           B::Gpt2,           false, M::Dense,      R::SoftmaxTopK,    true,  1e-5, 10000,  1.0, 0},
-    FamilyRow{Family::Llama,      "llama",       "LlamaForCausalLM",       false, false, false, "",           B::QkvoFromConfig, true,  M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0},
-    FamilyRow{Family::Mistral,    "mistral",     "MistralForCausalLM",     false, false, false, "",           B::None,           false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0},
-    FamilyRow{Family::Qwen2,      "qwen2",       "Qwen2ForCausalLM",       false, false, false, "",           B::QkvAlways,      false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0},
-    FamilyRow{Family::Qwen3,      "qwen3",       "Qwen3ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128},
-    FamilyRow{Family::Qwen3Moe,   "qwen3_moe",   "Qwen3MoeForCausalLM",    false, false, true,  "",           B::QkvoFromConfig, false, M::Qwen3Moe,   R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128},
-    FamilyRow{Family::Mixtral,    "mixtral",     "MixtralForCausalLM",     false, false, false, "",           B::None,           false, M::Mixtral,    R::SoftmaxTopK,    false, 1e-5, 1e6,    1.0, 0},
-    FamilyRow{Family::DeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0},
-    FamilyRow{Family::KimiK2,     "kimi_k2",     "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0},
-    FamilyRow{Family::Glm4Moe,    "glm4_moe",    "Glm4MoeForCausalLM",     false, false, false, "use_qk_norm", B::QkvFromConfig, false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-5, 10000,  0.5, 128},
+    //        family            model_type     HF class                  gpt2  mla   qkn    qk field       bias rule            mlp_b  moe         router              tie    eps    theta   rot   hd   router defaults  names            projections    prefix          ignored buffers  supports
+    FamilyRow{Family::Gpt2,       "gpt2",        "GPT2LMHeadModel",        true,  false, false, "",           B::Gpt2,           false, M::Dense,      R::SoftmaxTopK,    true,  1e-5, 10000,  1.0, 0,   kNoRouter,       &kGpt2Names,     P::Gpt2Conv1D, "transformer.", {".attn.bias", ".attn.masked_bias"}, kGpt2Supports},
+    FamilyRow{Family::Llama,      "llama",       "LlamaForCausalLM",       false, false, false, "",           B::QkvoFromConfig, true,  M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0,   kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
+    FamilyRow{Family::Mistral,    "mistral",     "MistralForCausalLM",     false, false, false, "",           B::None,           false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0,   kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
+    FamilyRow{Family::Qwen2,      "qwen2",       "Qwen2ForCausalLM",       false, false, false, "",           B::QkvAlways,      false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0,   kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
+    FamilyRow{Family::Qwen3,      "qwen3",       "Qwen3ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
+    FamilyRow{Family::Qwen3Moe,   "qwen3_moe",   "Qwen3MoeForCausalLM",    false, false, true,  "",           B::QkvoFromConfig, false, M::Qwen3Moe,   R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
+    FamilyRow{Family::Mixtral,    "mixtral",     "MixtralForCausalLM",     false, false, false, "",           B::None,           false, M::Mixtral,    R::SoftmaxTopK,    false, 1e-5, 1e6,    1.0, 0,   kNoRouter,       &kMixtralNames,  P::Linear,     "",             {}, kTrainable},
+    FamilyRow{Family::DeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekRouter, &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
+    FamilyRow{Family::KimiK2,     "kimi_k2",     "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekRouter, &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
+    FamilyRow{Family::Glm4Moe,    "glm4_moe",    "Glm4MoeForCausalLM",     false, false, false, "use_qk_norm", B::QkvFromConfig, false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-5, 10000,  0.5, 128, kGlmRouter,      &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
 };
 }  // namespace
 

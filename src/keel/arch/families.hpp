@@ -1,12 +1,16 @@
 #pragma once
 // The family table: one row per HF model_type. A row states what the HF modeling code fixes for
-// that family (field spellings, defaults, which biases exist, QK-Norm, MLA, router kind), so that
-// spec_from_config is the same code for every family.
+// that family (field spellings, defaults, which biases exist, QK-Norm, MLA, router kind), how its
+// checkpoint spells every tensor (tensor_names.hpp) and what keel can do with it, so that
+// spec_from_config, the modules, the layout, QK-Clip and export are the same code for every
+// family. Adding a family: docs/adding_a_family.md.
+#include <array>
 #include <optional>
 #include <span>
 #include <string_view>
 
 #include "keel/arch/model_spec.hpp"
+#include "keel/arch/tensor_names.hpp"
 
 namespace keel::arch {
 
@@ -27,6 +31,30 @@ enum class MoeLayout {
   DeepseekV3,   // mlp.experts.{e}.*, shared_experts, first_k_dense_replace, gate bias
 };
 
+// How attention and MLP weights are stored.
+enum class ProjectionLayout {
+  Linear,      // separate q/k/v/o and gate/up/down, nn.Linear [out, in]
+  Gpt2Conv1D,  // GPT-2: fused c_attn [in, 3·hidden], every projection a Conv1D [in, out]
+};
+
+// What keel can do with a family; each place that acts on one asks here.
+struct FamilyCapabilities {
+  bool train;       // TransformerModel builds it (forward, backward, keel train)
+  bool generate;    // the incremental (KV-cache) forward: keel generate
+  bool export_hf;   // keel export writes an HF folder transformers loads
+  bool qk_clip;     // QK-Clip can rescale its query/key projections per head
+  bool muon;        // Muon may orthogonalize its hidden matrices (is_hidden_matrix_kind)
+};
+
+// Defaults of the sigmoid-grouped router fields, which differ between families sharing the
+// DeepseekV3 layout (DeepseekV3Config vs Glm4MoeConfig).
+struct RouterDefaults {
+  double routed_scaling_factor;
+  int64_t n_group;
+  int64_t topk_group;
+  int64_t first_k_dense_replace;
+};
+
 struct FamilyRow {
   Family family;
   std::string_view model_type;
@@ -44,10 +72,23 @@ struct FamilyRow {
   double default_rope_theta;
   double default_partial_rotary;
   int64_t default_head_dim;           // 0: hidden_size / num_attention_heads
+  RouterDefaults router_defaults;
+  const TensorNameTable* names;       // how the checkpoint spells every tensor
+  ProjectionLayout projections;
+  std::string_view optional_prefix;   // checkpoints also exist without it ("transformer." for GPT-2)
+  // Name endings of non-parameter tensors real checkpoints hold (GPT-2's causal-mask buffers).
+  std::array<std::string_view, 2> ignored_buffers;
+  FamilyCapabilities supports;
 };
 
 std::span<const FamilyRow> family_table();
 const FamilyRow* find_family(std::string_view model_type);
 const FamilyRow& family_row(Family family);
+inline const FamilyRow& family_row(const ModelSpec& spec) { return family_row(spec.family); }
+
+// The HF name of a role in this spec's family.
+inline std::string tensor_name(const ModelSpec& spec, const TensorRole& role) {
+  return tensor_name(*family_row(spec).names, role);
+}
 
 }  // namespace keel::arch

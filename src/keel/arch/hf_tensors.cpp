@@ -1,5 +1,6 @@
 #include "keel/arch/hf_tensors.hpp"
 
+#include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
 
 namespace keel::arch {
@@ -35,126 +36,129 @@ std::string TensorEntry::name_for_expert(int64_t expert) const {
 
 namespace {
 
+using K = TensorKind;
+
 class LayoutBuilder {
  public:
-  LayoutBuilder(const ModelSpec& spec, std::vector<TensorEntry>& out) : s_(spec), out_(out) {}
+  LayoutBuilder(const ModelSpec& spec, std::vector<TensorEntry>& out)
+      : s_(spec), names_(*family_row(spec).names), out_(out) {}
 
-  void add(std::string name, std::vector<int64_t> shape, Component c, int64_t layer,
-           bool matmul = false, bool muon = false, int64_t copies = 1) {
+  // One tensor by role; its name comes from the family's table, its FLOP and optimizer flags
+  // from its kind. Routed experts keep "{E}" in the name and count `copies`.
+  void add(TensorKind kind, TensorPart part, int64_t layer, std::vector<int64_t> shape, Component c,
+           int64_t copies = 1) {
     TensorEntry e;
-    e.name = std::move(name);
+    e.role = {kind, part, layer, -1};
+    e.name = tensor_name(names_, e.role);  // routed experts: "{E}" stays
     e.shape = std::move(shape);
     e.component = override_ ? *override_ : c;
     e.layer = layer;
     e.copies = copies;
-    e.matmul = matmul;
-    e.optimizer = muon ? OptimizerGroup::Muon : OptimizerGroup::AdamW;
+    const bool weight = part == TensorPart::Weight;
+    e.matmul = weight && is_matmul_kind(kind);
+    e.optimizer = weight && is_hidden_matrix_kind(kind) ? OptimizerGroup::Muon : OptimizerGroup::AdamW;
     out_.push_back(std::move(e));
   }
 
   // A norm: weight, plus bias for LayerNorm.
-  void norm(const std::string& prefix, int64_t dim, Component c, int64_t layer, NormKind kind) {
-    add(prefix + ".weight", {dim}, c, layer);
-    if (kind == NormKind::LayerNorm) add(prefix + ".bias", {dim}, c, layer);
+  void norm(TensorKind kind, int64_t layer, int64_t dim, Component c, NormKind norm_kind) {
+    add(kind, TensorPart::Weight, layer, {dim}, c);
+    if (norm_kind == NormKind::LayerNorm) add(kind, TensorPart::Bias, layer, {dim}, c);
   }
 
   // A linear layer in PyTorch [out, in] layout.
-  void linear(const std::string& prefix, int64_t out, int64_t in, bool bias, Component c, int64_t layer,
-              bool muon = true, int64_t copies = 1) {
-    add(prefix + ".weight", {out, in}, c, layer, true, muon, copies);
-    if (bias) add(prefix + ".bias", {out}, c, layer, false, false, copies);
+  void linear(TensorKind kind, int64_t layer, int64_t out, int64_t in, bool bias, Component c, int64_t copies = 1) {
+    add(kind, TensorPart::Weight, layer, {out, in}, c, copies);
+    if (bias) add(kind, TensorPart::Bias, layer, {out}, c, copies);
   }
 
-  void gated_mlp(const std::string& p, int64_t width, bool bias, Component c, int64_t layer,
-                 int64_t copies = 1, const char* gate = "gate_proj", const char* up = "up_proj",
-                 const char* down = "down_proj") {
-    linear(p + "." + gate, width, s_.hidden_size, bias, c, layer, true, copies);
-    linear(p + "." + up, width, s_.hidden_size, bias, c, layer, true, copies);
-    linear(p + "." + down, s_.hidden_size, width, bias, c, layer, true, copies);
+  void gated_mlp(TensorKind gate, TensorKind up, TensorKind down, int64_t layer, int64_t width, bool bias,
+                 Component c, int64_t copies = 1) {
+    linear(gate, layer, width, s_.hidden_size, bias, c, copies);
+    linear(up, layer, width, s_.hidden_size, bias, c, copies);
+    linear(down, layer, s_.hidden_size, width, bias, c, copies);
   }
 
-  void attention(const std::string& p, int64_t layer) {
+  void attention(int64_t layer) {
     const auto& a = s_.attention;
     const int64_t h = s_.hidden_size;
+    const Component c = Component::Attention;
     if (a.kind == AttentionKind::Mla) {
       const int64_t qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
       if (a.q_lora_rank > 0) {
-        linear(p + ".q_a_proj", a.q_lora_rank, h, a.qkv_bias, Component::Attention, layer);
-        if (a.mla_latent_norms) norm(p + ".q_a_layernorm", a.q_lora_rank, Component::Attention, layer, NormKind::RmsNorm);
-        linear(p + ".q_b_proj", a.num_heads * qk, a.q_lora_rank, false, Component::Attention, layer);
+        linear(K::QA, layer, a.q_lora_rank, h, a.qkv_bias, c);
+        if (a.mla_latent_norms) norm(K::QANorm, layer, a.q_lora_rank, c, NormKind::RmsNorm);
+        linear(K::QB, layer, a.num_heads * qk, a.q_lora_rank, false, c);
       } else {
-        linear(p + ".q_proj", a.num_heads * qk, h, false, Component::Attention, layer);
+        linear(K::Q, layer, a.num_heads * qk, h, false, c);
       }
-      linear(p + ".kv_a_proj_with_mqa", a.kv_lora_rank + a.qk_rope_head_dim, h, a.qkv_bias,
-             Component::Attention, layer);
-      if (a.mla_latent_norms) norm(p + ".kv_a_layernorm", a.kv_lora_rank, Component::Attention, layer, NormKind::RmsNorm);
-      linear(p + ".kv_b_proj", a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, false,
-             Component::Attention, layer);
-      linear(p + ".o_proj", h, a.num_heads * a.v_head_dim, a.o_bias, Component::Attention, layer);
+      linear(K::KvA, layer, a.kv_lora_rank + a.qk_rope_head_dim, h, a.qkv_bias, c);
+      if (a.mla_latent_norms) norm(K::KvANorm, layer, a.kv_lora_rank, c, NormKind::RmsNorm);
+      linear(K::KvB, layer, a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, false, c);
+      linear(K::O, layer, h, a.num_heads * a.v_head_dim, a.o_bias, c);
       return;
     }
-    linear(p + ".q_proj", a.num_heads * a.head_dim, h, a.qkv_bias, Component::Attention, layer);
-    linear(p + ".k_proj", a.num_kv_heads * a.head_dim, h, a.qkv_bias, Component::Attention, layer);
-    linear(p + ".v_proj", a.num_kv_heads * a.head_dim, h, a.qkv_bias, Component::Attention, layer);
-    linear(p + ".o_proj", h, a.num_heads * a.head_dim, a.o_bias, Component::Attention, layer);
+    linear(K::Q, layer, a.num_heads * a.head_dim, h, a.qkv_bias, c);
+    linear(K::K, layer, a.num_kv_heads * a.head_dim, h, a.qkv_bias, c);
+    linear(K::V, layer, a.num_kv_heads * a.head_dim, h, a.qkv_bias, c);
+    linear(K::O, layer, h, a.num_heads * a.head_dim, a.o_bias, c);
     if (a.qk_norm) {  // QK-Norm is always RMSNorm over head_dim, shared by all heads
-      norm(p + ".q_norm", a.head_dim, Component::Attention, layer, NormKind::RmsNorm);
-      norm(p + ".k_norm", a.head_dim, Component::Attention, layer, NormKind::RmsNorm);
+      norm(K::QNorm, layer, a.head_dim, c, NormKind::RmsNorm);
+      norm(K::KNorm, layer, a.head_dim, c, NormKind::RmsNorm);
     }
   }
 
-  void ffn(const std::string& p, int64_t layer) {
+  // Routed experts (and shared experts and the correction bias where the family has them).
+  void moe(int64_t layer, Component router, Component experts, Component shared) {
     const auto& moe = s_.moe;
-    const auto family = s_.family;
-    if (!s_.is_moe_layer(layer)) {
-      if (s_.mlp.kind == FfnKind::Plain) {  // keel.mlp = "plain": up, activation, down
-        linear(p + ".mlp.up_proj", s_.mlp.intermediate_size, s_.hidden_size, s_.mlp.bias, Component::Mlp, layer);
-        linear(p + ".mlp.down_proj", s_.hidden_size, s_.mlp.intermediate_size, s_.mlp.bias, Component::Mlp, layer);
-        return;
-      }
-      gated_mlp(p + ".mlp", s_.mlp.intermediate_size, s_.mlp.bias, Component::Mlp, layer);
-      return;
-    }
-    if (family == Family::Mixtral) {
-      const std::string m = p + ".block_sparse_moe";
-      linear(m + ".gate", moe.num_experts, s_.hidden_size, false, Component::Router, layer, false);
-      gated_mlp(m + ".experts.{E}", moe.expert_intermediate_size, false, Component::RoutedExperts, layer,
-                moe.num_experts, "w1", "w3", "w2");
-      return;
-    }
-    const std::string m = p + ".mlp";
-    linear(m + ".gate", moe.num_experts, s_.hidden_size, false, Component::Router, layer, false);
-    if (moe.score_correction_bias) add(m + ".gate.e_score_correction_bias", {moe.num_experts}, Component::Router, layer);
-    gated_mlp(m + ".experts.{E}", moe.expert_intermediate_size, false, Component::RoutedExperts, layer,
+    linear(K::Router, layer, moe.num_experts, s_.hidden_size, false, router);
+    if (moe.score_correction_bias) add(K::Router, TensorPart::CorrectionBias, layer, {moe.num_experts}, router);
+    gated_mlp(K::ExpertGate, K::ExpertUp, K::ExpertDown, layer, moe.expert_intermediate_size, false, experts,
               moe.num_experts);
     if (moe.num_shared_experts > 0) {
-      gated_mlp(m + ".shared_experts", moe.shared_intermediate_size, false, Component::SharedExperts, layer);
+      gated_mlp(K::SharedGate, K::SharedUp, K::SharedDown, layer, moe.shared_intermediate_size, false, shared);
+    }
+  }
+
+  void ffn(int64_t layer) {
+    if (s_.is_moe_layer(layer)) {
+      moe(layer, Component::Router, Component::RoutedExperts, Component::SharedExperts);
+      return;
+    }
+    switch (s_.mlp.kind) {
+      case FfnKind::Plain:  // keel.mlp = "plain", or GPT-2: up, activation, down
+        linear(K::MlpUp, layer, s_.mlp.intermediate_size, s_.hidden_size, s_.mlp.bias, Component::Mlp);
+        linear(K::MlpDown, layer, s_.hidden_size, s_.mlp.intermediate_size, s_.mlp.bias, Component::Mlp);
+        return;
+      case FfnKind::Gated:
+        gated_mlp(K::MlpGate, K::MlpUp, K::MlpDown, layer, s_.mlp.intermediate_size, s_.mlp.bias, Component::Mlp);
+        return;
     }
   }
 
   void decoder_layer(int64_t layer) {
-    const std::string p = "model.layers." + std::to_string(layer);
     const int64_t h = s_.hidden_size;
+    const Component c = Component::LayerNorms;
     switch (s_.placement) {
       case NormPlacement::Pre:
-        norm(p + ".input_layernorm", h, Component::LayerNorms, layer, s_.norm);
-        attention(p + ".self_attn", layer);
-        norm(p + ".post_attention_layernorm", h, Component::LayerNorms, layer, s_.norm);
-        ffn(p, layer);
+        norm(K::InputNorm, layer, h, c, s_.norm);
+        attention(layer);
+        norm(K::PostAttentionNorm, layer, h, c, s_.norm);
+        ffn(layer);
         break;
       case NormPlacement::Post:
-        attention(p + ".self_attn", layer);
-        norm(p + ".post_attention_layernorm", h, Component::LayerNorms, layer, s_.norm);
-        ffn(p, layer);
-        norm(p + ".post_feedforward_layernorm", h, Component::LayerNorms, layer, s_.norm);
+        attention(layer);
+        norm(K::PostAttentionNorm, layer, h, c, s_.norm);
+        ffn(layer);
+        norm(K::PostFeedforwardNorm, layer, h, c, s_.norm);
         break;
       case NormPlacement::Sandwich:
-        norm(p + ".input_layernorm", h, Component::LayerNorms, layer, s_.norm);
-        attention(p + ".self_attn", layer);
-        norm(p + ".post_attention_layernorm", h, Component::LayerNorms, layer, s_.norm);
-        norm(p + ".pre_feedforward_layernorm", h, Component::LayerNorms, layer, s_.norm);
-        ffn(p, layer);
-        norm(p + ".post_feedforward_layernorm", h, Component::LayerNorms, layer, s_.norm);
+        norm(K::InputNorm, layer, h, c, s_.norm);
+        attention(layer);
+        norm(K::PostAttentionNorm, layer, h, c, s_.norm);
+        norm(K::PreFeedforwardNorm, layer, h, c, s_.norm);
+        ffn(layer);
+        norm(K::PostFeedforwardNorm, layer, h, c, s_.norm);
         break;
     }
   }
@@ -163,74 +167,63 @@ class LayoutBuilder {
   // embed_tokens and shared_head copies, enorm/hnorm, eh_proj [H, 2H], and one decoder layer.
   void mtp_module(int64_t index) {
     const int64_t layer = s_.num_layers + index;
-    const std::string p = "model.layers." + std::to_string(layer);
     const int64_t h = s_.hidden_size;
+    const Component c = Component::Mtp;
     override_ = Component::Mtp;
-    add(p + ".embed_tokens.weight", {s_.vocab_size, h}, Component::Mtp, layer);
-    norm(p + ".enorm", h, Component::Mtp, layer, s_.norm);
-    norm(p + ".hnorm", h, Component::Mtp, layer, s_.norm);
-    linear(p + ".eh_proj", h, 2 * h, false, Component::Mtp, layer);
+    add(K::MtpEmbedding, TensorPart::Weight, layer, {s_.vocab_size, h}, c);
+    norm(K::MtpENorm, layer, h, c, s_.norm);
+    norm(K::MtpHNorm, layer, h, c, s_.norm);
+    linear(K::MtpEhProj, layer, h, 2 * h, false, c);
     // The MTP block is an MoE block when the model has experts (as DeepSeek-V3's layer 61).
-    norm(p + ".input_layernorm", h, Component::Mtp, layer, s_.norm);
-    attention(p + ".self_attn", layer);
-    norm(p + ".post_attention_layernorm", h, Component::Mtp, layer, s_.norm);
-    mtp_ffn(p, layer);
-    norm(p + ".shared_head.norm", h, Component::Mtp, layer, s_.norm);
-    add(p + ".shared_head.head.weight", {s_.vocab_size, h}, Component::Mtp, layer, true);
+    norm(K::InputNorm, layer, h, c, s_.norm);
+    attention(layer);
+    norm(K::PostAttentionNorm, layer, h, c, s_.norm);
+    if (s_.moe.enabled) moe(layer, c, c, c);
+    else gated_mlp(K::MlpGate, K::MlpUp, K::MlpDown, layer, s_.mlp.intermediate_size, s_.mlp.bias, c);
+    norm(K::MtpHeadNorm, layer, h, c, s_.norm);
+    add(K::MtpHead, TensorPart::Weight, layer, {s_.vocab_size, h}, c);
     override_.reset();
   }
 
-  void mtp_ffn(const std::string& p, int64_t layer) {
-    const auto& moe = s_.moe;
-    if (!moe.enabled) {
-      gated_mlp(p + ".mlp", s_.mlp.intermediate_size, s_.mlp.bias, Component::Mtp, layer);
-      return;
-    }
-    const std::string m = p + ".mlp";
-    linear(m + ".gate", moe.num_experts, s_.hidden_size, false, Component::Mtp, layer, false);
-    if (moe.score_correction_bias) add(m + ".gate.e_score_correction_bias", {moe.num_experts}, Component::Mtp, layer);
-    gated_mlp(m + ".experts.{E}", moe.expert_intermediate_size, false, Component::Mtp, layer, moe.num_experts);
-    if (moe.num_shared_experts > 0) {
-      gated_mlp(m + ".shared_experts", moe.shared_intermediate_size, false, Component::Mtp, layer);
-    }
+  // GPT-2 stores Conv1D weights as [in, out] and fuses q, k, v into c_attn.
+  void gpt2_layer(int64_t l) {
+    const int64_t h = s_.hidden_size, w = s_.mlp.intermediate_size;
+    norm(K::InputNorm, l, h, Component::LayerNorms, s_.norm);
+    add(K::Qkv, TensorPart::Weight, l, {h, 3 * h}, Component::Attention);
+    add(K::Qkv, TensorPart::Bias, l, {3 * h}, Component::Attention);
+    add(K::O, TensorPart::Weight, l, {h, h}, Component::Attention);
+    add(K::O, TensorPart::Bias, l, {h}, Component::Attention);
+    norm(K::PostAttentionNorm, l, h, Component::LayerNorms, s_.norm);
+    add(K::MlpUp, TensorPart::Weight, l, {h, w}, Component::Mlp);
+    add(K::MlpUp, TensorPart::Bias, l, {w}, Component::Mlp);
+    add(K::MlpDown, TensorPart::Weight, l, {w, h}, Component::Mlp);
+    add(K::MlpDown, TensorPart::Bias, l, {h}, Component::Mlp);
   }
 
-  void gpt2() {
+  void model(bool include_mtp) {
     const int64_t h = s_.hidden_size;
-    const int64_t w = s_.mlp.intermediate_size;
-    // GPT-2 stores Conv1D weights as [in, out].
-    add("transformer.wte.weight", {s_.vocab_size, h}, Component::Embedding, -1);
-    add("transformer.wpe.weight", {s_.max_position_embeddings, h}, Component::PositionEmbedding, -1);
-    for (int64_t l = 0; l < s_.num_layers; ++l) {
-      const std::string p = "transformer.h." + std::to_string(l);
-      norm(p + ".ln_1", h, Component::LayerNorms, l, s_.norm);
-      add(p + ".attn.c_attn.weight", {h, 3 * h}, Component::Attention, l, true, true);
-      add(p + ".attn.c_attn.bias", {3 * h}, Component::Attention, l);
-      add(p + ".attn.c_proj.weight", {h, h}, Component::Attention, l, true, true);
-      add(p + ".attn.c_proj.bias", {h}, Component::Attention, l);
-      norm(p + ".ln_2", h, Component::LayerNorms, l, s_.norm);
-      add(p + ".mlp.c_fc.weight", {h, w}, Component::Mlp, l, true, true);
-      add(p + ".mlp.c_fc.bias", {w}, Component::Mlp, l);
-      add(p + ".mlp.c_proj.weight", {w, h}, Component::Mlp, l, true, true);
-      add(p + ".mlp.c_proj.bias", {h}, Component::Mlp, l);
+    add(K::Embedding, TensorPart::Weight, -1, {s_.vocab_size, h}, Component::Embedding);
+    const ProjectionLayout layout = family_row(s_).projections;
+    switch (layout) {
+      case ProjectionLayout::Gpt2Conv1D:
+        add(K::PositionEmbedding, TensorPart::Weight, -1, {s_.max_position_embeddings, h},
+            Component::PositionEmbedding);
+        for (int64_t l = 0; l < s_.num_layers; ++l) gpt2_layer(l);
+        break;
+      case ProjectionLayout::Linear:
+        for (int64_t l = 0; l < s_.num_layers; ++l) decoder_layer(l);
+        if (include_mtp) {
+          for (int64_t k = 0; k < s_.mtp_layers; ++k) mtp_module(k);
+        }
+        break;
     }
-    norm("transformer.ln_f", h, Component::FinalNorm, -1, s_.norm);
-    if (!s_.tie_word_embeddings) add("lm_head.weight", {s_.vocab_size, h}, Component::LmHead, -1, true);
-  }
-
-  void decoder(bool include_mtp) {
-    const int64_t h = s_.hidden_size;
-    add("model.embed_tokens.weight", {s_.vocab_size, h}, Component::Embedding, -1);
-    for (int64_t l = 0; l < s_.num_layers; ++l) decoder_layer(l);
-    if (include_mtp) {
-      for (int64_t k = 0; k < s_.mtp_layers; ++k) mtp_module(k);
-    }
-    if (s_.has_final_norm()) norm("model.norm", h, Component::FinalNorm, -1, s_.norm);
-    if (!s_.tie_word_embeddings) add("lm_head.weight", {s_.vocab_size, h}, Component::LmHead, -1, true);
+    if (s_.has_final_norm()) norm(K::FinalNorm, -1, h, Component::FinalNorm, s_.norm);
+    if (!s_.tie_word_embeddings) add(K::LmHead, TensorPart::Weight, -1, {s_.vocab_size, h}, Component::LmHead);
   }
 
  private:
   const ModelSpec& s_;
+  const TensorNameTable& names_;
   std::vector<TensorEntry>& out_;
   std::optional<Component> override_;
 };
@@ -240,8 +233,7 @@ class LayoutBuilder {
 std::vector<TensorEntry> hf_tensor_layout(const ModelSpec& spec, bool include_mtp) {
   std::vector<TensorEntry> out;
   LayoutBuilder b(spec, out);
-  if (spec.family == Family::Gpt2) b.gpt2();
-  else b.decoder(include_mtp);
+  b.model(include_mtp);
   return out;
 }
 

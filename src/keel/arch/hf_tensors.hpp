@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/arch/model_spec.hpp"
+#include "keel/arch/tensor_names.hpp"
 
 namespace keel::arch {
 
@@ -33,6 +34,7 @@ enum class OptimizerGroup { Muon, AdamW };
 
 struct TensorEntry {
   std::string name;              // HF name; routed experts use "{E}" for the expert index
+  TensorRole role;               // what it is (routed experts: expert -1, one entry for all copies)
   std::vector<int64_t> shape;
   Component component;
   int64_t layer = -1;            // decoder layer, -1 outside the stack

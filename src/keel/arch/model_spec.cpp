@@ -225,12 +225,11 @@ void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
       moe.num_shared_experts = r.optional_int("n_shared_experts", 1, 0, 1024);
       moe.shared_intermediate_size = moe.expert_intermediate_size * moe.num_shared_experts;
       moe.norm_topk_prob = r.optional_bool("norm_topk_prob", true);
-      moe.routed_scaling_factor = r.optional_number(
-          "routed_scaling_factor", row.family == Family::Glm4Moe ? 1.0 : 2.5, 0.0, 1e6, true);
-      moe.n_group = r.optional_int("n_group", row.family == Family::Glm4Moe ? 1 : 8, 1, kMaxExperts);
-      moe.topk_group = r.optional_int("topk_group", row.family == Family::Glm4Moe ? 1 : 4, 1, kMaxExperts);
-      moe.first_k_dense = r.optional_int("first_k_dense_replace", row.family == Family::Glm4Moe ? 1 : 3,
-                                         0, kMaxLayers);
+      const RouterDefaults& d = row.router_defaults;
+      moe.routed_scaling_factor = r.optional_number("routed_scaling_factor", d.routed_scaling_factor, 0.0, 1e6, true);
+      moe.n_group = r.optional_int("n_group", d.n_group, 1, kMaxExperts);
+      moe.topk_group = r.optional_int("topk_group", d.topk_group, 1, kMaxExperts);
+      moe.first_k_dense = r.optional_int("first_k_dense_replace", d.first_k_dense_replace, 0, kMaxLayers);
       int64_t freq = r.optional_int("moe_layer_freq", 1, 1, kMaxLayers);
       // HF's router module always holds e_score_correction_bias (used by topk_method noaux_tc).
       moe.score_correction_bias = true;

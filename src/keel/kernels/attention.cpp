@@ -71,6 +71,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
                        const AttentionDims& d) {
   check_dims(d);
   const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
+  const int64_t P = d.q_offset, Tk = P + T;  // cached positions before the queries, key rows
+  const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   const int64_t group = H / Hkv, q_blocks = (T + kBq - 1) / kBq;
   const int64_t tasks = d.batch * H * q_blocks;
   const float cap = d.softcap;
@@ -86,18 +88,18 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
       const int64_t q0 = qb * kBq, nq = std::min(kBq, T - q0);
       const float* qrow = q + ((b * T + q0) * H + h) * Dk;
-      const float* kbase = k + (b * T * Hkv + kvh) * Dk;
-      const float* vbase = v + (b * T * Hkv + kvh) * Dv;
+      const float* kbase = k + b * Tk * ks + kvh * Dk;
+      const float* vbase = v + b * Tk * vs + kvh * Dv;
       std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
       float tmax = kNegInf;
-      for (int64_t k0 = 0; k0 < q0 + nq; k0 += kBk) {
-        const int64_t nk = std::min(kBk, q0 + nq - k0);
-        pack_transposed(kbase + k0 * Hkv * Dk, Hkv * Dk, nk, Dk, kt.data());
+      for (int64_t k0 = 0; k0 < P + q0 + nq; k0 += kBk) {
+        const int64_t nk = std::min(kBk, P + q0 + nq - k0);
+        pack_transposed(kbase + k0 * ks, ks, nk, Dk, kt.data());
         block_scores(qrow, H * Dk, nq, kt.data(), Dk, s.data());
         for (int64_t i = 0; i < nq; ++i) {
-          const int64_t valid = std::min(nk, q0 + i - k0 + 1);  // causal: keys t' <= t
+          const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
           if (valid <= 0) continue;
           float* sr = s.data() + i * kBk;
           float rmax = kNegInf;
@@ -127,7 +129,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
             for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr;
           for (int64_t j = 0; j < valid; ++j) {
             const float p = sr[j];
-            const float* vr = vbase + (k0 + j) * Hkv * Dv;
+            const float* vr = vbase + (k0 + j) * vs;
 #pragma omp simd
             for (int64_t c = 0; c < Dv; ++c) orow[c] += p * vr[c];
           }
@@ -153,6 +155,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d) {
   check_dims(d);
+  KEEL_CHECK(d.q_offset == 0 && d.k_stride == 0 && d.v_stride == 0);  // training shapes only
   const int64_t B = d.batch, T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
   const int64_t group = H / Hkv;
   const float cap = d.softcap;
@@ -257,15 +260,18 @@ void attention_reference_forward(const float* q, const float* k, const float* v,
                                  float* max_logit, const AttentionDims& d) {
   check_dims(d);
   const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim, group = H / Hkv;
-  std::vector<double> z(static_cast<size_t>(T));
+  const int64_t P = d.q_offset, Tk = P + T;
+  const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
+  std::vector<double> z(static_cast<size_t>(Tk));
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / group;
       for (int64_t t = 0; t < T; ++t) {
         const float* qt = q + ((b * T + t) * H + h) * Dk;
+        const int64_t last = P + t;  // the query's own position
         double zmax = -std::numeric_limits<double>::infinity();
-        for (int64_t u = 0; u <= t; ++u) {
-          const float* ku = k + ((b * T + u) * Hkv + kvh) * Dk;
+        for (int64_t u = 0; u <= last; ++u) {
+          const float* ku = k + (b * Tk + u) * ks + kvh * Dk;
           double dot = 0;
           for (int64_t c = 0; c < Dk; ++c) dot += double(qt[c]) * ku[c];
           const double s = double(d.scale) * dot;
@@ -274,11 +280,12 @@ void attention_reference_forward(const float* q, const float* k, const float* v,
           zmax = std::max(zmax, z[size_t(u)]);
         }
         double sum = 0;
-        for (int64_t u = 0; u <= t; ++u) sum += std::exp(z[size_t(u)] - zmax);
+        for (int64_t u = 0; u <= last; ++u) sum += std::exp(z[size_t(u)] - zmax);
         float* ot = out + ((b * T + t) * H + h) * Dv;
         for (int64_t c = 0; c < Dv; ++c) {
           double acc = 0;
-          for (int64_t u = 0; u <= t; ++u) acc += std::exp(z[size_t(u)] - zmax) / sum * v[((b * T + u) * Hkv + kvh) * Dv + c];
+          for (int64_t u = 0; u <= last; ++u)
+            acc += std::exp(z[size_t(u)] - zmax) / sum * v[(b * Tk + u) * vs + kvh * Dv + c];
           ot[c] = float(acc);
         }
         lse[(b * H + h) * T + t] = float(zmax + std::log(sum));

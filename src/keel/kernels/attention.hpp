@@ -8,9 +8,16 @@ struct AttentionDims {
   int64_t batch, seq, heads, kv_heads, qk_dim, v_dim;
   float scale;          // multiplies q·k, usually 1/sqrt(qk_dim)
   float softcap = 0.f;  // > 0: softmax input is softcap·tanh(s/softcap) (Gemma 2)
+  // Incremental decoding (forward only, batch 1 in practice): the queries are positions
+  // q_offset.., the keys and values hold q_offset + seq rows per sequence (a KV cache), and
+  // query i attends to keys 0..q_offset + i.
+  int64_t q_offset = 0;
+  // Floats between consecutive key (value) rows; 0: kv_heads·qk_dim (kv_heads·v_dim), dense.
+  // MLA's absorbed decoding reads values from the first v_dim floats of each key row.
+  int64_t k_stride = 0, v_stride = 0;
 };
 
-// q: (B,T,Hq,Dqk), k: (B,T,Hkv,Dqk), v: (B,T,Hkv,Dv) -> out: (B,T,Hq,Dv) (overwritten),
+// q: (B,T,Hq,Dqk), k: (B,Tk,Hkv,Dqk), v: (B,Tk,Hkv,Dv) with Tk = q_offset + T -> out: (B,T,Hq,Dv) (overwritten),
 // lse: (B,Hq,T) log-sum-exp of each softmax row, saved for backward.
 // Query head h reads kv head h / (Hq/Hkv). max_logit: (Hq), updated in place with the max of
 // every unmasked scaled logit scale·q·k before soft-capping (the QK-Clip / monitoring signal).
@@ -18,7 +25,7 @@ struct AttentionDims {
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, float* max_logit,
                        const AttentionDims& d);
 
-// Accumulates dq += ∂L/∂q, dk += ∂L/∂k, dv += ∂L/∂v. Scores are recomputed block by block from q,
+// Accumulates dq += ∂L/∂q, dk += ∂L/∂k, dv += ∂L/∂v (q_offset 0, dense rows). Scores are recomputed block by block from q,
 // k and lse (FlashAttention-2, Algorithm 2).
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d);

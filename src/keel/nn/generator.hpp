@@ -1,12 +1,12 @@
 #pragma once
-// Autoregressive decoding with a KV cache over a TransformerModel's parameters, and sampling.
+// Autoregressive decoding and sampling: a sampling loop over TransformerModel's incremental
+// forward (forward_incremental, the same modules and kernels as training, with a KV cache per
+// layer: keys and values for MHA/GQA/MQA, the compressed latent and shared rotary key for MLA).
 //
-// The Generator reads the model's weights by HF name on every call (it copies none), so it
-// follows training updates; per layer it caches K (after QK-Norm and RoPE) and V for up to
-// max_position_embeddings positions. Use: prefill(prompt), then alternately next_logits() and
-// append(token). Its forward is the training forward restricted to new rows: same kernels,
-// same norm placements, biases, soft-caps and GQA grouping; tests hold it equal to
-// TransformerModel::forward_logits at every position.
+// The Generator reads the model's weights on every call (it copies none), so it follows
+// training updates. Use: prefill(prompt), then alternately next_logits() and append(token).
+// Tests hold its logits equal to TransformerModel::forward_logits at every position for every
+// family and "keel" variant.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "keel/arch/model_spec.hpp"
-#include "keel/kernels/rope.hpp"
+#include "keel/nn/kv_cache.hpp"
 #include "keel/nn/model.hpp"
 
 namespace keel::nn {
 
 class Generator {
  public:
-  // The model must outlive the generator. Throws keel::Error for families the training model
-  // cannot build either (it cannot exist then) and never for the ones it can.
+  // The model must outlive the generator. Throws keel::Error (naming the config's model_type)
+  // for a family whose row does not support generation.
   explicit Generator(const TransformerModel& model);
 
   // Drops the cache and runs the prompt (at least one token) from position 0.
@@ -32,43 +32,16 @@ class Generator {
   // Logits (vocab) predicting the token after the last one run, soft-capped like training.
   std::span<const float> next_logits() const { return logits_; }
 
-  int64_t length() const { return length_; }                 // tokens in the cache
-  int64_t context_length() const { return spec_.max_position_embeddings; }
-  const arch::ModelSpec& spec() const { return spec_; }
+  int64_t length() const { return state_.length; }           // tokens in the cache
+  int64_t context_length() const { return model_->spec().max_position_embeddings; }
+  const arch::ModelSpec& spec() const { return model_->spec(); }
+  // Bytes the cache holds per token over all layers (fp32): 2·kv_heads·head_dim per layer for
+  // standard attention, kv_lora_rank + qk_rope_head_dim for MLA.
+  int64_t cache_bytes_per_token() const { return state_.bytes_per_token(); }
 
  private:
-  struct Norm {
-    const float* weight = nullptr;
-    const float* bias = nullptr;  // LayerNorm only
-  };
-  struct Layer {
-    std::optional<Norm> attn_before, attn_after, attn_wrap, mlp_before, mlp_after, mlp_wrap;
-    // Separate projections (Linear layout) or GPT-2's fused Conv1D c_attn ([in, 3·hidden]).
-    const float *wq = nullptr, *bq = nullptr, *wk = nullptr, *bk = nullptr, *wv = nullptr, *bv = nullptr;
-    const float *w_qkv = nullptr, *b_qkv = nullptr;
-    const float *wo = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-    const float *w_gate = nullptr, *b_gate = nullptr, *w_up = nullptr, *b_up = nullptr, *w_down = nullptr,
-                *b_down = nullptr;
-    const Moe* moe = nullptr;  // routed experts instead of the dense MLP
-    std::vector<float> k_cache, v_cache;  // (max_positions, kv_heads, head_dim)
-  };
-
-  // Runs n tokens at positions length_.. and leaves the logits of the last one in logits_.
-  void run(const int32_t* tokens, int64_t n);
-  void norm(const Norm& w, const float* x, float* y, int64_t n);
-  // x: (n, hidden) -> y: (n, hidden); attends over cache rows [0, length_ + i] for token i.
-  void attention(Layer& layer, const float* x, float* y, int64_t n);
-  void mlp(const Layer& layer, const float* x, float* y, int64_t n);
-
-  arch::ModelSpec spec_;
-  const ParameterStore* store_;
-  bool gpt2_;
-  int64_t hidden_, heads_, kv_heads_, head_dim_;
-  kernels::RopeTable rope_;
-  const float *embed_ = nullptr, *positions_ = nullptr, *lm_head_ = nullptr;
-  std::optional<Norm> final_norm_;
-  std::vector<Layer> layers_;
-  int64_t length_ = 0;
+  const TransformerModel* model_;
+  DecodeState state_;
   std::vector<float> logits_;
 };
 

@@ -8,6 +8,14 @@
 //   o_h = softmax(scale · [qC_h; qR_h]·[kC_h; kR]) v_h, y = o_proj(concat_h o_h)
 // scale = (dn + dr)^-1/2, times mscale(factor, mscale_all_dim)² when rope_scaling sets
 // mscale_all_dim (HF DeepseekV3Attention). Per-head max logits come from the attention kernel.
+//
+// Incremental decoding caches only [c_KV | k^R] per token (kv_lora_rank + qk_rope_head_dim
+// floats, the figure `keel inspect` reports) and never re-expands keys or values: with
+// W^UK_h, W^UV_h the key and value rows of kv_b_proj for head h (DeepSeek-V2 §2.1.2, "absorb"),
+//   qC_h·kC_h,j = qC_h·(W^UK_h c_j) = (W^UK_hᵀ qC_h)·c_j,   Σ_j p_j v_h,j = W^UV_h (Σ_j p_j c_j),
+// so each head attends with query [W^UK_hᵀ qC_h | qR_h] over the shared rows [c_j | k^R_j]
+// (MQA with one kv head), reads the values from the same rows' first kv_lora_rank floats, and
+// W^UV_h maps the mixed latent to its v_head_dim output.
 #include <string>
 
 #include "keel/arch/model_spec.hpp"
@@ -24,16 +32,28 @@ double mla_softmax_scale(const arch::ModelSpec& spec);
 class MlaAttention {
  public:
   // rope: a table of rotary_dim = qk_rope_head_dim (interleaved when rope_interleave is set).
-  MlaAttention(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec,
-               const kernels::RopeTable* rope);
+  MlaAttention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope);
   // x: (n, hidden) -> returns y: (n, hidden). max_logit: (heads) running max, updated in place.
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   // Accumulates dx (n, hidden) and the parameter gradients.
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s);
 
+  // n new tokens after the cache's rows, by the absorbed projections (file comment); appends
+  // [c_KV | k^R] of each.
+  float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
+                             KvCache& cache) const;
+  // Rows of kv_lora_rank + qk_rope_head_dim floats; values live in the key rows.
+  KvCache make_cache(int64_t max_rows) const;
+
   int64_t heads() const { return heads_; }
 
  private:
+  // Queries (n, H, dn + dr) with q^R rotated; the q_a path's intermediates go to the pointers.
+  float* project_q(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float*& q_a,
+                   float*& q_rstd, float*& c_q) const;
+  // kv_a_proj output (n, kv_rank + dr) with k^R rotated, and the normalized latent (n, kv_rank).
+  float* project_kv_a(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float*& c_pre,
+                      float*& kv_rstd, float*& c_kv) const;
   int64_t hidden_, heads_, q_rank_, kv_rank_, nope_, rope_dim_, v_dim_;
   float norm_eps_, scale_, softcap_;
   bool latent_norms_;  // q_a_layernorm / kv_a_layernorm present (keel.mla_latent_norms)

@@ -12,55 +12,58 @@ namespace keel::nn {
 
 namespace {
 
-std::string norm_name(const arch::ModelSpec& spec, int64_t layer, const char* slot) {
-  return (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer) + "." + slot;
-}
+using arch::TensorKind;
 
-// Builds the norms of one sublayer for the configured placement (HF names per slot).
+// Builds the norms of one sublayer for the configured placement, by role: pre uses
+// input_layernorm before attention and post_attention_layernorm before the FFN (GPT-2's ln_1 and
+// ln_2 are the same slots); post wraps with post_attention / post_feedforward; sandwich has all four.
 Sublayer make_sublayer(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool attention) {
   Sublayer s;
   const float eps = static_cast<float>(spec.norm_eps);
-  const int64_t h = spec.hidden_size;
-  auto norm = [&](const char* slot) { return Norm(store, norm_name(spec, layer, slot), h, spec.norm, eps); };
-  if (spec.family == arch::Family::Gpt2) {
-    s.before.emplace(norm(attention ? "ln_1" : "ln_2"));
-    return s;
-  }
+  const arch::TensorNameTable& names = *arch::family_row(spec).names;
+  auto norm = [&](TensorKind kind) { return Norm(store, names, kind, layer, spec.hidden_size, spec.norm, eps); };
   switch (spec.placement) {
     case arch::NormPlacement::Pre:
-      s.before.emplace(norm(attention ? "input_layernorm" : "post_attention_layernorm"));
+      s.before.emplace(norm(attention ? TensorKind::InputNorm : TensorKind::PostAttentionNorm));
       break;
     case arch::NormPlacement::Post:
-      s.wrap.emplace(norm(attention ? "post_attention_layernorm" : "post_feedforward_layernorm"));
+      s.wrap.emplace(norm(attention ? TensorKind::PostAttentionNorm : TensorKind::PostFeedforwardNorm));
       break;
     case arch::NormPlacement::Sandwich:
-      s.before.emplace(norm(attention ? "input_layernorm" : "pre_feedforward_layernorm"));
-      s.after.emplace(norm(attention ? "post_attention_layernorm" : "post_feedforward_layernorm"));
+      s.before.emplace(norm(attention ? TensorKind::InputNorm : TensorKind::PreFeedforwardNorm));
+      s.after.emplace(norm(attention ? TensorKind::PostAttentionNorm : TensorKind::PostFeedforwardNorm));
       break;
   }
   return s;
 }
 
-std::string attention_prefix(const arch::ModelSpec& spec, int64_t layer) {
-  return spec.family == arch::Family::Gpt2 ? "transformer.h." + std::to_string(layer) + ".attn"
-                                           : "model.layers." + std::to_string(layer) + ".self_attn";
-}
-
 std::optional<Attention> make_attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
                                         const kernels::RopeTable* rope) {
   if (spec.attention.kind == arch::AttentionKind::Mla) return std::nullopt;
-  return Attention(store, attention_prefix(spec, layer), spec, rope);
+  return Attention(store, spec, layer, rope);
 }
 
 std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
                                      const kernels::RopeTable* rope) {
   if (spec.attention.kind != arch::AttentionKind::Mla) return std::nullopt;
-  return MlaAttention(store, attention_prefix(spec, layer), spec, rope);
+  return MlaAttention(store, spec, layer, rope);
 }
 
 void add_into(float* dst, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 4096)
   for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+}
+
+// One residual sublayer, out = wrap(x + after(f(before(x)))), for the training forward and the
+// incremental one alike: `norm` runs a Norm (saving for backward or not), `f` the module.
+template <class Sub, class NormFn, class F>
+float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidden, NormFn&& norm, F&& f) {
+  const float* f_in = sub.before ? norm(*sub.before, in) : in;
+  float* y = f(f_in);
+  if (sub.after) y = norm(*sub.after, y);
+  float* sum = arena.alloc(static_cast<size_t>(n * hidden));
+  add_into(sum, in, y, n * hidden);
+  return sub.wrap ? norm(*sub.wrap, sum) : sum;
 }
 
 }  // namespace
@@ -75,31 +78,39 @@ Block::Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, 
       mlp_norms_(make_sublayer(store, spec, layer, false)),
       attention_(make_attention(store, spec, layer, rope)),
       mla_(make_mla(store, spec, layer, rope)) {
-  const std::string p = (spec.family == arch::Family::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer);
   if (spec.is_moe_layer(layer)) {
-    moe_.emplace(store, p + (spec.family == arch::Family::Mixtral ? ".block_sparse_moe" : ".mlp"), spec);
+    moe_.emplace(store, spec, layer);
   } else {
-    mlp_.emplace(store, p + ".mlp", spec);
+    mlp_.emplace(store, spec, layer);
   }
 }
 
 float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
   const int64_t n = s.tokens();
-  auto run = [&](Sublayer& sub, const float* in, auto&& f) -> float* {
-    const float* f_in = sub.before ? sub.before->forward(store, arena, in, n) : in;
-    float* y = f(f_in);
-    if (sub.after) y = sub.after->forward(store, arena, y, n);
-    float* sum = arena.alloc(static_cast<size_t>(n * hidden_));
-    add_into(sum, in, y, n * hidden_);
-    return sub.wrap ? sub.wrap->forward(store, arena, sum, n) : sum;
-  };
-  float* x1 = run(attn_norms_, x, [&](const float* in) {
+  auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
+  float* x1 = residual(attn_norms_, arena, x, n, hidden_, norm, [&](const float* in) {
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
-  return run(mlp_norms_, x1, [&](const float* in) {
+  return residual(mlp_norms_, arena, x1, n, hidden_, norm, [&](const float* in) {
     return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
   });
+}
+
+float* Block::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
+                                  KvCache& cache) const {
+  auto norm = [&](const Norm& nm, const float* in) { return nm.forward_incremental(store, arena, in, n); };
+  float* x1 = residual(attn_norms_, arena, x, n, hidden_, norm, [&](const float* in) {
+    return attention_ ? attention_->forward_incremental(store, arena, in, n, cache)
+                      : mla_->forward_incremental(store, arena, in, n, cache);
+  });
+  return residual(mlp_norms_, arena, x1, n, hidden_, norm, [&](const float* in) {
+    return mlp_ ? mlp_->forward_incremental(store, arena, in, n) : moe_->forward_incremental(store, arena, in, n);
+  });
+}
+
+KvCache Block::make_cache(int64_t max_rows) const {
+  return attention_ ? attention_->make_cache(max_rows) : mla_->make_cache(max_rows);
 }
 
 float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
@@ -144,24 +155,26 @@ float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, c
 // TransformerModel
 
 TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
-  const bool gpt2 = spec.family == arch::Family::Gpt2;
+  const arch::FamilyRow& row = arch::family_row(spec);
+  if (!row.supports.train) {
+    throw Error(spec.source, "model_type", "keel cannot build " + spec.model_type + " models (inspect only)");
+  }
+  const arch::TensorNameTable& names = *row.names;
   const int64_t h = spec.hidden_size;
-  embed_ = store_.add(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {spec.vocab_size, h}, Init::Normal,
-                      false);
-  if (gpt2) {
-    positions_ = store_.add("transformer.wpe.weight", {spec.max_position_embeddings, h}, Init::Normal, false);
+  embed_ = store_.add(names, {TensorKind::Embedding}, {spec.vocab_size, h});
+  if (spec.attention.learned_positions) {
+    positions_ = store_.add(names, {TensorKind::PositionEmbedding}, {spec.max_position_embeddings, h});
   } else {
     rope_ = kernels::make_rope_table(spec.attention.rope.theta, spec.attention.rope.rotary_dim,
                                      spec.max_position_embeddings, spec.attention.rope.scaling);
     rope_.interleave = spec.attention.rope.interleave;  // only MLA configs set rope_interleave
   }
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
-    blocks_.push_back(std::make_unique<Block>(store_, spec, l, gpt2 ? nullptr : &rope_));
-  }
+  const kernels::RopeTable* rope = spec.attention.learned_positions ? nullptr : &rope_;
+  for (int64_t l = 0; l < spec.num_layers; ++l) blocks_.push_back(std::make_unique<Block>(store_, spec, l, rope));
   if (spec.has_final_norm()) {
-    final_norm_.emplace(store_, gpt2 ? "transformer.ln_f" : "model.norm", h, spec.norm, static_cast<float>(spec.norm_eps));
+    final_norm_.emplace(store_, names, TensorKind::FinalNorm, -1, h, spec.norm, static_cast<float>(spec.norm_eps));
   }
-  if (!spec.tie_word_embeddings) lm_head_ = store_.add("lm_head.weight", {spec.vocab_size, h}, Init::Normal, true, false);
+  if (!spec.tie_word_embeddings) lm_head_ = store_.add(names, {TensorKind::LmHead}, {spec.vocab_size, h});
   store_.finalize();
   max_logits_.assign(static_cast<size_t>(spec.num_layers * spec.attention.num_heads),
                      -std::numeric_limits<float>::infinity());
@@ -184,21 +197,26 @@ const float* TransformerModel::lm_head_weight() const {
   return store_.data(lm_head_.valid() ? lm_head_ : embed_);
 }
 
+void TransformerModel::embed(const int32_t* tokens, const StepShape& s, float* x) const {
+  const int64_t n = s.tokens(), h = spec_.hidden_size;
+  kernels::embedding_forward(tokens, store_.data(embed_), x, n, h, static_cast<float>(spec_.embed_scale));
+  if (positions_.valid()) {
+    const float* wpe = store_.data(positions_);
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* p = wpe + (s.first_position + i % s.seq) * h;
+      for (int64_t c = 0; c < h; ++c) x[i * h + c] += p[c];
+    }
+  }
+}
+
 float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s) {
   KEEL_CHECK(s.seq <= spec_.max_position_embeddings);
   arena_.reset();
   tokens_ = tokens;
   const int64_t n = s.tokens(), h = spec_.hidden_size;
   float* x = arena_.alloc(static_cast<size_t>(n * h));
-  kernels::embedding_forward(tokens, store_.data(embed_), x, n, h, static_cast<float>(spec_.embed_scale));
-  if (positions_.valid()) {
-    const float* wpe = store_.data(positions_);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* p = wpe + (i % s.seq) * h;
-      for (int64_t c = 0; c < h; ++c) x[i * h + c] += p[c];
-    }
-  }
+  embed(tokens, s, x);
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
   const int64_t heads = spec_.attention.num_heads;
   for (size_t l = 0; l < blocks_.size(); ++l) {
@@ -267,6 +285,43 @@ void TransformerModel::forward_logits(const int32_t* tokens, int64_t batch, int6
   kernels::PrecisionScope precision(precision_);
   float* hf = forward_hidden(tokens, s);
   kernels::lm_head_logits(hf, lm_head_weight(), logits, s.tokens(), spec_.hidden_size, spec_.vocab_size,
+                          static_cast<float>(spec_.final_softcap));
+}
+
+DecodeState TransformerModel::new_decode_state() const {
+  DecodeState state;
+  for (const auto& b : blocks_) state.layers.push_back(b->make_cache(spec_.max_position_embeddings));
+  return state;
+}
+
+void TransformerModel::forward_incremental(const int32_t* tokens, int64_t n, DecodeState& state, float* logits) const {
+  KEEL_CHECK(n >= 1 && state.layers.size() == blocks_.size());
+  const int64_t context = spec_.max_position_embeddings;
+  if (state.length + n > context) {
+    throw Error(spec_.source, "max_position_embeddings",
+                "the context of " + std::to_string(context) + " positions is full (" + std::to_string(state.length) +
+                    " cached, " + std::to_string(n) + " more)");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size) {
+      throw Error(spec_.source, "vocab_size",
+                  "token id " + std::to_string(tokens[i]) + " is outside the model's vocabulary of " +
+                      std::to_string(spec_.vocab_size));
+    }
+  }
+  kernels::PrecisionScope precision(precision_);
+  Arena& arena = state.arena;
+  arena.reset();
+  const int64_t h = spec_.hidden_size;
+  const StepShape s{1, n, state.length};
+  float* x = arena.alloc(static_cast<size_t>(n * h));
+  embed(tokens, s, x);
+  for (size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l]->forward_incremental(store_, arena, x, n, state.layers[l]);
+  state.length += n;
+  // Only the last token's logits are read; norms are per row, so normalizing it alone is exact.
+  const float* last = x + (n - 1) * h;
+  if (final_norm_) last = final_norm_->forward_incremental(store_, arena, last, 1);
+  kernels::lm_head_logits(last, lm_head_weight(), logits, 1, h, spec_.vocab_size,
                           static_cast<float>(spec_.final_softcap));
 }
 

@@ -13,6 +13,7 @@
 #include "keel/kernels/rope.hpp"
 #include "keel/nn/mla_attention.hpp"
 #include "keel/nn/modules.hpp"
+#include "keel/nn/kv_cache.hpp"
 #include "keel/nn/moe.hpp"
 #include "keel/nn/parameters.hpp"
 
@@ -31,6 +32,10 @@ class Block {
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   // dout: (n, hidden) -> returns dx (n, hidden) from the arena.
   float* backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
+  // The same sublayers for n new tokens of one sequence, attending over (and appending to) cache.
+  float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
+                             KvCache& cache) const;
+  KvCache make_cache(int64_t max_rows) const;
   // The routed-expert FFN of an MoE layer, null for a dense one.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
@@ -73,6 +78,14 @@ class TransformerModel {
   // logits: (batch, seq, vocab).
   void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
 
+  // The incremental (KV-cache) forward of one sequence: an empty state sized for the context,
+  // then n >= 1 tokens at positions state.length.. per call, leaving the logits (vocab) of the
+  // last one. Same modules, kernels and precision as forward_logits; reads the parameters as
+  // they are now, so it follows training. keel::Error (naming the config) for a full context or
+  // a token outside the vocabulary.
+  DecodeState new_decode_state() const;
+  void forward_incremental(const int32_t* tokens, int64_t n, DecodeState& state, float* logits) const;
+
   // Per layer and query head, the max scaled pre-softmax logit of the last forward: (layers, heads).
   const std::vector<float>& max_logits() const { return max_logits_; }
   // MoE layers, of the last forward: each expert's share of the token assignments, (layers,
@@ -93,6 +106,8 @@ class TransformerModel {
  private:
   // Embeddings and blocks; returns the final hidden states (after the final norm, if any).
   float* forward_hidden(const int32_t* tokens, const StepShape& s);
+  // Token embeddings (times embed_scale) plus learned positions from s.first_position.
+  void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
 
   arch::ModelSpec spec_;

@@ -21,29 +21,56 @@ kernels::Activation to_kernel_activation(arch::Activation a) {
   return kernels::Activation::Silu;
 }
 
+void rope_at(float* x, const kernels::RopeTable& table, const StepShape& s, int64_t heads, int64_t head_dim) {
+  if (s.first_position == 0) {
+    kernels::rope_forward(x, table, s.batch, s.seq, heads, head_dim);
+    return;
+  }
+  KEEL_CHECK(s.batch == 1);  // a cache continues one sequence
+  kernels::rope_forward_at(x, table, s.seq, heads, head_dim, s.first_position);
+}
+
+namespace {
+using arch::TensorKind;
+using arch::TensorPart;
+const float* opt(const ParameterStore& s, ParamRef r) { return r.valid() ? s.data(r) : nullptr; }
+float* opt_grad(ParameterStore& s, ParamRef r) { return r.valid() ? s.grad(r) : nullptr; }
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Norm
 
-Norm::Norm(ParameterStore& store, const std::string& prefix, int64_t dim, arch::NormKind kind, float eps)
-    : kind_(kind), dim_(dim), eps_(eps) {
-  weight_ = store.add(prefix + ".weight", {dim}, Init::Ones, /*weight_decay=*/false);
-  if (kind == arch::NormKind::LayerNorm) bias_ = store.add(prefix + ".bias", {dim}, Init::Zeros, false);
+Norm::Norm(ParameterStore& store, const arch::TensorNameTable& names, TensorKind kind, int64_t layer, int64_t dim,
+           arch::NormKind norm_kind, float eps)
+    : kind_(norm_kind), dim_(dim), eps_(eps) {
+  weight_ = store.add(names, {kind, TensorPart::Weight, layer}, {dim});
+  if (norm_kind == arch::NormKind::LayerNorm) bias_ = store.add(names, {kind, TensorPart::Bias, layer}, {dim});
+}
+
+float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& mean,
+                     float*& rstd) const {
+  float* y = arena.alloc(static_cast<size_t>(n * dim_));
+  rstd = arena.alloc(static_cast<size_t>(n));
+  switch (kind_) {
+    case arch::NormKind::RmsNorm:
+      kernels::rmsnorm_forward(x, store.data(weight_), y, rstd, n, dim_, eps_);
+      break;
+    case arch::NormKind::LayerNorm:
+      mean = arena.alloc(static_cast<size_t>(n));
+      kernels::layernorm_forward(x, store.data(weight_), store.data(bias_), y, mean, rstd, n, dim_, eps_);
+      break;
+  }
+  return y;
 }
 
 float* Norm::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
   x_ = x;
-  float* y = arena.alloc(static_cast<size_t>(n * dim_));
-  rstd_ = arena.alloc(static_cast<size_t>(n));
-  switch (kind_) {
-    case arch::NormKind::RmsNorm:
-      kernels::rmsnorm_forward(x, store.data(weight_), y, rstd_, n, dim_, eps_);
-      break;
-    case arch::NormKind::LayerNorm:
-      mean_ = arena.alloc(static_cast<size_t>(n));
-      kernels::layernorm_forward(x, store.data(weight_), store.data(bias_), y, mean_, rstd_, n, dim_, eps_);
-      break;
-  }
-  return y;
+  return compute(store, arena, x, n, mean_, rstd_);
+}
+
+float* Norm::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {
+  float *mean = nullptr, *rstd = nullptr;
+  return compute(store, arena, x, n, mean, rstd);
 }
 
 void Norm::backward(ParameterStore& store, const float* dy, float* dx, int64_t n) {
@@ -61,125 +88,165 @@ void Norm::backward(ParameterStore& store, const float* dy, float* dx, int64_t n
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-Attention::Attention(ParameterStore& store, const std::string& p, const arch::ModelSpec& spec,
-                     const kernels::RopeTable* rope)
-    : gpt2_(spec.family == arch::Family::Gpt2),
+Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope)
+    : layout_(arch::family_row(spec).projections),
       hidden_(spec.hidden_size),
       heads_(spec.attention.num_heads),
       kv_heads_(spec.attention.num_kv_heads),
       head_dim_(spec.attention.head_dim),
-      qk_norm_(spec.attention.qk_norm),
-      norm_eps_(static_cast<float>(spec.norm_eps)),
       softcap_(static_cast<float>(spec.attention.softcap)),
       rope_(rope) {
   const auto& a = spec.attention;
-  if (gpt2_) {
-    w_qkv_ = store.add(p + ".c_attn.weight", {hidden_, 3 * hidden_}, Init::Normal, true, true);
-    b_qkv_ = store.add(p + ".c_attn.bias", {3 * hidden_}, Init::Zeros, false);
-    wo_ = store.add(p + ".c_proj.weight", {hidden_, hidden_}, Init::Normal, true, true);
-    bo_ = store.add(p + ".c_proj.bias", {hidden_}, Init::Zeros, false);
-    return;
-  }
+  const arch::TensorNameTable& names = *arch::family_row(spec).names;
+  auto add = [&](TensorKind kind, TensorPart part, std::vector<int64_t> shape) {
+    return store.add(names, {kind, part, layer}, std::move(shape));
+  };
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
-  wq_ = store.add(p + ".q_proj.weight", {q_out, hidden_}, Init::Normal, true, true);
-  if (a.qkv_bias) bq_ = store.add(p + ".q_proj.bias", {q_out}, Init::Zeros, false);
-  wk_ = store.add(p + ".k_proj.weight", {kv_out, hidden_}, Init::Normal, true, true);
-  if (a.qkv_bias) bk_ = store.add(p + ".k_proj.bias", {kv_out}, Init::Zeros, false);
-  wv_ = store.add(p + ".v_proj.weight", {kv_out, hidden_}, Init::Normal, true, true);
-  if (a.qkv_bias) bv_ = store.add(p + ".v_proj.bias", {kv_out}, Init::Zeros, false);
-  wo_ = store.add(p + ".o_proj.weight", {hidden_, q_out}, Init::Normal, true, true);
-  if (a.o_bias) bo_ = store.add(p + ".o_proj.bias", {hidden_}, Init::Zeros, false);
-  if (qk_norm_) {
-    q_norm_ = store.add(p + ".q_norm.weight", {head_dim_}, Init::Ones, false);
-    k_norm_ = store.add(p + ".k_norm.weight", {head_dim_}, Init::Ones, false);
+  switch (layout_) {
+    case arch::ProjectionLayout::Gpt2Conv1D:
+      w_qkv_ = add(TensorKind::Qkv, TensorPart::Weight, {hidden_, 3 * hidden_});
+      b_qkv_ = add(TensorKind::Qkv, TensorPart::Bias, {3 * hidden_});
+      wo_ = add(TensorKind::O, TensorPart::Weight, {hidden_, hidden_});
+      bo_ = add(TensorKind::O, TensorPart::Bias, {hidden_});
+      return;
+    case arch::ProjectionLayout::Linear:
+      break;
   }
+  wq_ = add(TensorKind::Q, TensorPart::Weight, {q_out, hidden_});
+  if (a.qkv_bias) bq_ = add(TensorKind::Q, TensorPart::Bias, {q_out});
+  wk_ = add(TensorKind::K, TensorPart::Weight, {kv_out, hidden_});
+  if (a.qkv_bias) bk_ = add(TensorKind::K, TensorPart::Bias, {kv_out});
+  wv_ = add(TensorKind::V, TensorPart::Weight, {kv_out, hidden_});
+  if (a.qkv_bias) bv_ = add(TensorKind::V, TensorPart::Bias, {kv_out});
+  wo_ = add(TensorKind::O, TensorPart::Weight, {hidden_, q_out});
+  if (a.o_bias) bo_ = add(TensorKind::O, TensorPart::Bias, {hidden_});
+  if (a.qk_norm) qk_norm_.emplace(store, names, layer, heads_, kv_heads_, head_dim_, static_cast<float>(spec.norm_eps));
 }
 
-namespace {
-const float* opt(ParameterStore& s, ParamRef r) { return r.valid() ? s.data(r) : nullptr; }
-float* opt_grad(ParameterStore& s, ParamRef r) { return r.valid() ? s.grad(r) : nullptr; }
-}  // namespace
+kernels::AttentionDims Attention::dims(const StepShape& s) const {
+  return {s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_,
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))), softcap_};
+}
+
+Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, const float* x,
+                                     const StepShape& s) const {
+  const int64_t n = s.tokens();
+  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  Inputs in;
+  in.q = arena.alloc(static_cast<size_t>(n * q_out));
+  in.k = arena.alloc(static_cast<size_t>(n * kv_out));
+  in.v = arena.alloc(static_cast<size_t>(n * kv_out));
+  switch (layout_) {
+    case arch::ProjectionLayout::Gpt2Conv1D: {
+      // c_attn gives [q | k | v] per token; split into the contiguous layout attention reads.
+      float* qkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
+      kernels::linear_forward(x, store.data(w_qkv_), store.data(b_qkv_), qkv, n, hidden_, 3 * hidden_, true);
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < n; ++t) {
+        const float* row = qkv + t * 3 * hidden_;
+        std::memcpy(in.q + t * hidden_, row, sizeof(float) * hidden_);
+        std::memcpy(in.k + t * hidden_, row + hidden_, sizeof(float) * hidden_);
+        std::memcpy(in.v + t * hidden_, row + 2 * hidden_, sizeof(float) * hidden_);
+      }
+      return in;
+    }
+    case arch::ProjectionLayout::Linear:
+      break;
+  }
+  float* q_dst = in.q;
+  float* k_dst = in.k;
+  if (qk_norm_) {
+    in.q_raw = q_dst = arena.alloc(static_cast<size_t>(n * q_out));
+    in.k_raw = k_dst = arena.alloc(static_cast<size_t>(n * kv_out));
+  }
+  kernels::linear_forward(x, store.data(wq_), opt(store, bq_), q_dst, n, hidden_, q_out);
+  kernels::linear_forward(x, store.data(wk_), opt(store, bk_), k_dst, n, hidden_, kv_out);
+  kernels::linear_forward(x, store.data(wv_), opt(store, bv_), in.v, n, hidden_, kv_out);
+  if (qk_norm_) {
+    const QkNorm::Saved saved = qk_norm_->forward(store, arena, in.q_raw, in.k_raw, in.q, in.k, n);
+    in.q_rstd = saved.q_rstd;
+    in.k_rstd = saved.k_rstd;
+  }
+  rope_at(in.q, *rope_, s, heads_, head_dim_);
+  rope_at(in.k, *rope_, s, kv_heads_, head_dim_);
+  return in;
+}
+
+float* Attention::output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const {
+  float* y = arena.alloc(static_cast<size_t>(n * hidden_));
+  const bool conv1d = layout_ == arch::ProjectionLayout::Gpt2Conv1D;
+  kernels::linear_forward(attn, store.data(wo_), opt(store, bo_), y, n, heads_ * head_dim_, hidden_, conv1d);
+  return y;
+}
 
 float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   x_ = x;
-  q_ = arena.alloc(static_cast<size_t>(n * q_out));
-  k_ = arena.alloc(static_cast<size_t>(n * kv_out));
-  v_ = arena.alloc(static_cast<size_t>(n * kv_out));
-  if (gpt2_) {
-    // c_attn gives [q | k | v] per token; split into the contiguous layout attention reads.
-    float* qkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
-    kernels::linear_forward(x, store.data(w_qkv_), store.data(b_qkv_), qkv, n, hidden_, 3 * hidden_, true);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-      const float* row = qkv + t * 3 * hidden_;
-      std::memcpy(q_ + t * hidden_, row, sizeof(float) * hidden_);
-      std::memcpy(k_ + t * hidden_, row + hidden_, sizeof(float) * hidden_);
-      std::memcpy(v_ + t * hidden_, row + 2 * hidden_, sizeof(float) * hidden_);
-    }
-  } else {
-    float* q_dst = q_;
-    float* k_dst = k_;
-    if (qk_norm_) {
-      q_raw_ = arena.alloc(static_cast<size_t>(n * q_out));
-      k_raw_ = arena.alloc(static_cast<size_t>(n * kv_out));
-      q_dst = q_raw_;
-      k_dst = k_raw_;
-    }
-    kernels::linear_forward(x, store.data(wq_), opt(store, bq_), q_dst, n, hidden_, q_out);
-    kernels::linear_forward(x, store.data(wk_), opt(store, bk_), k_dst, n, hidden_, kv_out);
-    kernels::linear_forward(x, store.data(wv_), opt(store, bv_), v_, n, hidden_, kv_out);
-    if (qk_norm_) {
-      // QK-Norm (Qwen3): RMSNorm over each head's head_dim vector, before RoPE.
-      q_rstd_ = arena.alloc(static_cast<size_t>(n * heads_));
-      k_rstd_ = arena.alloc(static_cast<size_t>(n * kv_heads_));
-      kernels::rmsnorm_forward(q_raw_, store.data(q_norm_), q_, q_rstd_, n * heads_, head_dim_, norm_eps_);
-      kernels::rmsnorm_forward(k_raw_, store.data(k_norm_), k_, k_rstd_, n * kv_heads_, head_dim_, norm_eps_);
-    }
-    kernels::rope_forward(q_, *rope_, s.batch, s.seq, heads_, head_dim_);
-    kernels::rope_forward(k_, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
-  }
+  saved_ = project(store, arena, x, s);
   // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
   // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
-  kernels::round_activation(q_, n * q_out);
-  kernels::round_activation(k_, n * kv_out);
-  kernels::round_activation(v_, n * kv_out);
+  kernels::round_activation(saved_.q, n * q_out);
+  kernels::round_activation(saved_.k, n * kv_out);
+  kernels::round_activation(saved_.v, n * kv_out);
   out_ = arena.alloc(static_cast<size_t>(n * q_out));
   lse_ = arena.alloc(static_cast<size_t>(s.batch * heads_ * s.seq));
-  kernels::AttentionDims d{s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_,
-                           static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))), softcap_};
-  kernels::attention_forward(q_, k_, v_, out_, lse_, max_logit, d);
+  kernels::attention_forward(saved_.q, saved_.k, saved_.v, out_, lse_, max_logit, dims(s));
   kernels::round_activation(out_, n * q_out);
-  float* y = arena.alloc(static_cast<size_t>(n * hidden_));
-  kernels::linear_forward(out_, store.data(wo_), opt(store, bo_), y, n, q_out, hidden_, gpt2_);
-  return y;
+  return output(store, arena, out_, n);
+}
+
+KvCache Attention::make_cache(int64_t max_rows) const {
+  return KvCache(kv_heads_ * head_dim_, kv_heads_ * head_dim_, max_rows);
+}
+
+float* Attention::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
+                                      KvCache& cache) const {
+  const StepShape s{1, n, cache.rows()};
+  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  Inputs in = project(store, arena, x, s);
+  kernels::round_activation(in.q, n * q_out);
+  kernels::round_activation(in.k, n * kv_out);
+  kernels::round_activation(in.v, n * kv_out);
+  cache.append(in.k, in.v, n);
+  kernels::AttentionDims d = dims(s);
+  d.q_offset = s.first_position;
+  float* out = arena.alloc(static_cast<size_t>(n * q_out));
+  float* lse = arena.alloc(static_cast<size_t>(heads_ * n));
+  float* max_logit = arena.alloc(static_cast<size_t>(heads_));
+  std::fill(max_logit, max_logit + heads_, 0.f);
+  kernels::attention_forward(in.q, cache.keys(), cache.values(), out, lse, max_logit, d);
+  kernels::round_activation(out, n * q_out);
+  return output(store, arena, out, n);
 }
 
 void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s) {
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  const bool conv1d = layout_ == arch::ProjectionLayout::Gpt2Conv1D;
   float* d_out = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
   kernels::linear_backward(out_, store.data(wo_), dy, d_out, store.grad(wo_), opt_grad(store, bo_), n, q_out, hidden_,
-                           gpt2_);
+                           conv1d);
   float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
-  kernels::AttentionDims d{s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_,
-                           static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))), softcap_};
-  kernels::attention_backward(q_, k_, v_, out_, lse_, d_out, dq, dk, dv, d);
-  if (gpt2_) {
-    float* dqkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
+  kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dq, dk, dv, dims(s));
+  switch (layout_) {
+    case arch::ProjectionLayout::Gpt2Conv1D: {
+      float* dqkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-      float* row = dqkv + t * 3 * hidden_;
-      std::memcpy(row, dq + t * hidden_, sizeof(float) * hidden_);
-      std::memcpy(row + hidden_, dk + t * hidden_, sizeof(float) * hidden_);
-      std::memcpy(row + 2 * hidden_, dv + t * hidden_, sizeof(float) * hidden_);
+      for (int64_t t = 0; t < n; ++t) {
+        float* row = dqkv + t * 3 * hidden_;
+        std::memcpy(row, dq + t * hidden_, sizeof(float) * hidden_);
+        std::memcpy(row + hidden_, dk + t * hidden_, sizeof(float) * hidden_);
+        std::memcpy(row + 2 * hidden_, dv + t * hidden_, sizeof(float) * hidden_);
+      }
+      kernels::linear_backward(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
+                               3 * hidden_, true);
+      return;
     }
-    kernels::linear_backward(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
-                             3 * hidden_, true);
-    return;
+    case arch::ProjectionLayout::Linear:
+      break;
   }
   kernels::rope_backward(dq, *rope_, s.batch, s.seq, heads_, head_dim_);
   kernels::rope_backward(dk, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
@@ -188,9 +255,7 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   if (qk_norm_) {
     float* dq_raw = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
     float* dk_raw = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
-    kernels::rmsnorm_backward(q_raw_, store.data(q_norm_), q_rstd_, dq, dq_raw, store.grad(q_norm_), n * heads_, head_dim_);
-    kernels::rmsnorm_backward(k_raw_, store.data(k_norm_), k_rstd_, dk, dk_raw, store.grad(k_norm_), n * kv_heads_,
-                              head_dim_);
+    qk_norm_->backward(store, {saved_.q_raw, saved_.k_raw, saved_.q_rstd, saved_.k_rstd}, dq, dk, dq_raw, dk_raw, n);
     dq_proj = dq_raw;
     dk_proj = dk_raw;
   }
@@ -202,53 +267,65 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
 // ---------------------------------------------------------------------------------------------
 // Mlp
 
-Mlp::Mlp(ParameterStore& store, const std::string& p, const arch::ModelSpec& spec, int64_t width)
-    : gpt2_(spec.family == arch::Family::Gpt2),
-      gated_(spec.mlp.kind == arch::FfnKind::Gated),
-      bias_(width > 0 ? false : spec.mlp.bias),
+Mlp::Mlp(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool shared, int64_t width)
+    : conv1d_(arch::family_row(spec).projections == arch::ProjectionLayout::Gpt2Conv1D),
+      gated_(shared || spec.mlp.kind == arch::FfnKind::Gated),
+      bias_(shared ? false : spec.mlp.bias),
       hidden_(spec.hidden_size),
-      width_(width > 0 ? width : spec.mlp.intermediate_size),
+      width_(shared ? width : spec.mlp.intermediate_size),
       act_(to_kernel_activation(spec.mlp.activation)) {
-  if (gpt2_) {
-    w_up_ = store.add(p + ".c_fc.weight", {hidden_, width_}, Init::Normal, true, true);
-    b_up_ = store.add(p + ".c_fc.bias", {width_}, Init::Zeros, false);
-    w_down_ = store.add(p + ".c_proj.weight", {width_, hidden_}, Init::Normal, true, true);
-    b_down_ = store.add(p + ".c_proj.bias", {hidden_}, Init::Zeros, false);
-    return;
-  }
+  const arch::TensorNameTable& names = *arch::family_row(spec).names;
+  const TensorKind gate = shared ? TensorKind::SharedGate : TensorKind::MlpGate;
+  const TensorKind up = shared ? TensorKind::SharedUp : TensorKind::MlpUp;
+  const TensorKind down = shared ? TensorKind::SharedDown : TensorKind::MlpDown;
+  auto add = [&](TensorKind kind, TensorPart part, std::vector<int64_t> shape) {
+    return store.add(names, {kind, part, layer}, std::move(shape));
+  };
+  // GPT-2's Conv1D stores [in, out]; nn.Linear [out, in].
+  auto matrix = [&](int64_t out, int64_t in) { return conv1d_ ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}; };
   if (gated_) {
-    w_gate_ = store.add(p + ".gate_proj.weight", {width_, hidden_}, Init::Normal, true, true);
-    if (bias_) b_gate_ = store.add(p + ".gate_proj.bias", {width_}, Init::Zeros, false);
+    w_gate_ = add(gate, TensorPart::Weight, matrix(width_, hidden_));
+    if (bias_) b_gate_ = add(gate, TensorPart::Bias, {width_});
   }
-  w_up_ = store.add(p + ".up_proj.weight", {width_, hidden_}, Init::Normal, true, true);
-  if (bias_) b_up_ = store.add(p + ".up_proj.bias", {width_}, Init::Zeros, false);
-  w_down_ = store.add(p + ".down_proj.weight", {hidden_, width_}, Init::Normal, true, true);
-  if (bias_) b_down_ = store.add(p + ".down_proj.bias", {hidden_}, Init::Zeros, false);
+  w_up_ = add(up, TensorPart::Weight, matrix(width_, hidden_));
+  if (bias_) b_up_ = add(up, TensorPart::Bias, {width_});
+  w_down_ = add(down, TensorPart::Weight, matrix(hidden_, width_));
+  if (bias_) b_down_ = add(down, TensorPart::Bias, {hidden_});
+}
+
+float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate, float*& up,
+                    float*& h) const {
+  const size_t wide = static_cast<size_t>(n * width_);
+  up = arena.alloc(wide);
+  h = arena.alloc(wide);
+  kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up, n, hidden_, width_, conv1d_);
+  if (gated_) {
+    gate = arena.alloc(wide);
+    kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate, n, hidden_, width_);
+    kernels::gated_forward(gate, up, h, n * width_, act_);
+  } else {
+    kernels::activation_forward(up, h, n * width_, act_);
+  }
+  float* y = arena.alloc(static_cast<size_t>(n * hidden_));
+  kernels::linear_forward(h, store.data(w_down_), opt(store, b_down_), y, n, width_, hidden_, conv1d_);
+  return y;
 }
 
 float* Mlp::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
   x_ = x;
-  const size_t wide = static_cast<size_t>(n * width_);
-  up_ = arena.alloc(wide);
-  h_ = arena.alloc(wide);
-  kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up_, n, hidden_, width_, gpt2_);
-  if (gated_) {
-    gate_ = arena.alloc(wide);
-    kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate_, n, hidden_, width_);
-    kernels::gated_forward(gate_, up_, h_, n * width_, act_);
-  } else {
-    kernels::activation_forward(up_, h_, n * width_, act_);
-  }
-  float* y = arena.alloc(static_cast<size_t>(n * hidden_));
-  kernels::linear_forward(h_, store.data(w_down_), opt(store, b_down_), y, n, width_, hidden_, gpt2_);
-  return y;
+  return compute(store, arena, x, n, gate_, up_, h_);
+}
+
+float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {
+  float *gate = nullptr, *up = nullptr, *h = nullptr;
+  return compute(store, arena, x, n, gate, up, h);
 }
 
 void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
   const size_t wide = static_cast<size_t>(n * width_);
   float* dh = arena.alloc_zeroed(wide);
   kernels::linear_backward(h_, store.data(w_down_), dy, dh, store.grad(w_down_), opt_grad(store, b_down_), n, width_,
-                           hidden_, gpt2_);
+                           hidden_, conv1d_);
   float* dup = arena.alloc_zeroed(wide);
   if (gated_) {
     float* dgate = arena.alloc_zeroed(wide);
@@ -259,7 +336,7 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
     kernels::activation_backward(up_, dh, dup, n * width_, act_);
   }
   kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_, width_,
-                           gpt2_);
+                           conv1d_);
 }
 
 }  // namespace keel::nn

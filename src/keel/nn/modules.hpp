@@ -1,38 +1,56 @@
 #pragma once
 // The modules a dense transformer is made of: Norm, Attention, Mlp, and the Sublayer that wires
 // a module into the residual stream with pre-, post- or sandwich norms. Each module registers
-// its parameters under their HF names, saves what its backward needs in the step's arena, and
-// its backward ACCUMULATES into the input gradient and the parameter gradients.
+// its parameters by role (arch/tensor_names.hpp), saves what its backward needs in the step's
+// arena, and its backward ACCUMULATES into the input gradient and the parameter gradients.
+// Each also has an incremental path (forward_incremental): the same computation for new tokens
+// of one sequence, with a KV cache, saving nothing; generation runs only through it.
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "keel/arch/families.hpp"
 #include "keel/arch/model_spec.hpp"
 #include "keel/core/arena.hpp"
 #include "keel/kernels/activation.hpp"
+#include "keel/kernels/attention.hpp"
 #include "keel/kernels/rope.hpp"
+#include "keel/nn/kv_cache.hpp"
 #include "keel/nn/parameters.hpp"
+#include "keel/nn/qk_norm.hpp"
 
 namespace keel::nn {
 
-// Shapes of the current step: n = batch * seq tokens, each sequence starting at position 0.
+// Shapes of the current step: n = batch * seq tokens. Training and evaluation start every
+// sequence at position 0; the incremental path (one sequence, batch 1) starts at
+// first_position, the number of tokens already in the KV cache.
 struct StepShape {
   int64_t batch = 0;
   int64_t seq = 0;
+  int64_t first_position = 0;
   int64_t tokens() const { return batch * seq; }
 };
 
 kernels::Activation to_kernel_activation(arch::Activation a);
 
+// RoPE at the step's positions: per sequence from 0, or from first_position when decoding.
+void rope_at(float* x, const kernels::RopeTable& table, const StepShape& s, int64_t heads, int64_t head_dim);
+
 class Norm {
  public:
-  Norm(ParameterStore& store, const std::string& prefix, int64_t dim, arch::NormKind kind, float eps);
+  // role: the norm's kind and layer; the weight (and LayerNorm's bias) are registered for it.
+  Norm(ParameterStore& store, const arch::TensorNameTable& names, arch::TensorKind kind, int64_t layer, int64_t dim,
+       arch::NormKind norm_kind, float eps);
   // x: (n, dim) -> returns y: (n, dim) allocated in the arena. x must stay valid until backward.
   float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
   // dy: (n, dim); accumulates dx and the weight (and bias) gradients.
   void backward(ParameterStore& store, const float* dy, float* dx, int64_t n);
+  // The same y with nothing saved (the incremental path).
+  float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
 
  private:
+  float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& mean,
+                 float*& rstd) const;
   ParamRef weight_, bias_;
   arch::NormKind kind_;
   int64_t dim_;
@@ -44,40 +62,58 @@ class Norm {
 
 class Attention {
  public:
-  Attention(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec, const kernels::RopeTable* rope);
+  Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope);
   // x: (n, hidden) -> returns y: (n, hidden). max_logit: (heads) running max, updated in place.
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   // Accumulates dx (n, hidden) and the parameter gradients.
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s);
+  // n new tokens of one sequence after the cache's rows: the same projections, QK-Norm and RoPE
+  // as forward, their keys and values appended to the cache, attention over every cached row.
+  float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
+                             KvCache& cache) const;
+  // Rows: (kv_heads · head_dim) keys and as many values per token.
+  KvCache make_cache(int64_t max_rows) const;
 
   int64_t heads() const { return heads_; }
 
  private:
-  bool gpt2_;                      // fused Conv1D c_attn / c_proj in [in, out] layout
+  // The attention inputs of n tokens: q, k (after QK-Norm and RoPE), v; the pre-norm
+  // projections and their rstd only with QK-Norm.
+  struct Inputs {
+    float *q = nullptr, *k = nullptr, *v = nullptr, *q_raw = nullptr, *k_raw = nullptr;
+    float *q_rstd = nullptr, *k_rstd = nullptr;
+  };
+  Inputs project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s) const;
+  kernels::AttentionDims dims(const StepShape& s) const;
+  float* output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const;
+
+  arch::ProjectionLayout layout_;  // Gpt2Conv1D: fused c_attn / c_proj in [in, out] layout
   int64_t hidden_, heads_, kv_heads_, head_dim_;
-  bool qk_norm_;
-  float norm_eps_, softcap_;
+  float softcap_;
   const kernels::RopeTable* rope_;  // null: positions are learned (GPT-2)
-  ParamRef wq_, bq_, wk_, bk_, wv_, bv_, wo_, bo_, q_norm_, k_norm_;
+  ParamRef wq_, bq_, wk_, bk_, wv_, bv_, wo_, bo_;
   ParamRef w_qkv_, b_qkv_;          // GPT-2
+  std::optional<QkNorm> qk_norm_;
   // Saved for backward.
   const float* x_ = nullptr;
-  float *q_raw_ = nullptr, *k_raw_ = nullptr;  // projections before QK-Norm (only with qk_norm)
-  float *q_rstd_ = nullptr, *k_rstd_ = nullptr;
-  float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;  // attention inputs (after norm and RoPE)
+  Inputs saved_;
   float *out_ = nullptr, *lse_ = nullptr;
 };
 
 class Mlp {
  public:
-  // Gated (SwiGLU/GeGLU/ReGLU) with HF names gate_proj/up_proj/down_proj, or GPT-2's plain
-  // c_fc/c_proj MLP. width > 0: an expert-shaped MLP (MoE shared experts) of that width, no biases.
-  Mlp(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec, int64_t width = 0);
+  // Dense FFN of a layer: gated (SwiGLU/GeGLU/ReGLU; HF gate_proj/up_proj/down_proj) or plain
+  // (up, activation, down; GPT-2's c_fc/c_proj). shared: an MoE layer's shared experts, gated,
+  // of the given width, no biases.
+  Mlp(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool shared = false, int64_t width = 0);
   float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n);
+  float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
 
  private:
-  bool gpt2_, gated_, bias_;
+  float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate, float*& up,
+                 float*& h) const;
+  bool conv1d_, gated_, bias_;
   int64_t hidden_, width_;
   kernels::Activation act_;
   ParamRef w_gate_, b_gate_, w_up_, b_up_, w_down_, b_down_;

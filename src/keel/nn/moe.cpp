@@ -28,33 +28,36 @@ kernels::RouterConfig router_config(const arch::MoeSpec& moe) {
   return c;
 }
 
-Moe::Moe(ParameterStore& store, const std::string& p, const arch::ModelSpec& spec)
+Moe::Moe(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer)
     : router_(router_config(spec.moe)),
       hidden_(spec.hidden_size),
       width_(spec.moe.expert_intermediate_size),
       act_(to_kernel_activation(spec.mlp.activation)) {
+  using arch::TensorKind;
+  using arch::TensorPart;
   const auto& moe = spec.moe;
-  const bool mixtral = spec.family == arch::Family::Mixtral;
-  // The router is a matrix but not a hidden one: it stays with AdamW (matrix = false).
-  gate_ = store.add(p + ".gate.weight", {moe.num_experts, hidden_}, Init::Normal, true, false);
-  if (moe.score_correction_bias) bias_ = store.add_buffer(p + ".gate.e_score_correction_bias", {moe.num_experts});
+  const arch::TensorNameTable& names = *arch::family_row(spec).names;
+  // The router is a matrix but not a hidden one: it stays with AdamW (is_hidden_matrix_kind).
+  gate_ = store.add(names, {TensorKind::Router, TensorPart::Weight, layer}, {moe.num_experts, hidden_});
+  if (moe.score_correction_bias) {
+    bias_ = store.add(names, {TensorKind::Router, TensorPart::CorrectionBias, layer}, {moe.num_experts});
+  }
   experts_.resize(static_cast<size_t>(moe.num_experts));
   for (int64_t e = 0; e < moe.num_experts; ++e) {
-    const std::string q = p + ".experts." + std::to_string(e) + ".";
     Expert& x = experts_[static_cast<size_t>(e)];
     // Each expert's projections are separate HF tensors, so Muon orthogonalizes them one by one.
-    x.gate = store.add(q + (mixtral ? "w1" : "gate_proj") + ".weight", {width_, hidden_}, Init::Normal, true, true);
-    x.up = store.add(q + (mixtral ? "w3" : "up_proj") + ".weight", {width_, hidden_}, Init::Normal, true, true);
-    x.down = store.add(q + (mixtral ? "w2" : "down_proj") + ".weight", {hidden_, width_}, Init::Normal, true, true);
+    x.gate = store.add(names, {TensorKind::ExpertGate, TensorPart::Weight, layer, e}, {width_, hidden_});
+    x.up = store.add(names, {TensorKind::ExpertUp, TensorPart::Weight, layer, e}, {width_, hidden_});
+    x.down = store.add(names, {TensorKind::ExpertDown, TensorPart::Weight, layer, e}, {hidden_, width_});
   }
   if (moe.num_shared_experts > 0) {
-    shared_.emplace(store, p + ".shared_experts", spec, moe.shared_intermediate_size);
-    auto ref = [&](const std::string& name) {
-      const ParamInfo* info = store.find(p + ".shared_experts." + name + ".weight");
+    shared_.emplace(store, spec, layer, /*shared=*/true, moe.shared_intermediate_size);
+    auto ref = [&](TensorKind kind) {
+      const ParamInfo* info = store.find(arch::TensorRole{kind, TensorPart::Weight, layer});
       KEEL_CHECK(info != nullptr);
       return ParamRef{info->offset, info->numel};
     };
-    shared_refs_ = {ref("gate_proj"), ref("up_proj"), ref("down_proj")};
+    shared_refs_ = {ref(TensorKind::SharedGate), ref(TensorKind::SharedUp), ref(TensorKind::SharedDown)};
     shared_width_ = moe.shared_intermediate_size;
   }
   load_.assign(static_cast<size_t>(moe.num_experts), 0.0f);

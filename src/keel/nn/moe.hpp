@@ -6,9 +6,9 @@
 // an e_score_correction_bias buffer that only steers selection and is moved by the
 // auxiliary-loss-free rule (update_score_bias), never by the optimizer.
 //
-// HF names: Mixtral "<layer>.block_sparse_moe.{gate, experts.E.{w1,w3,w2}}"; the others
-// "<layer>.mlp.{gate, gate.e_score_correction_bias, experts.E.{gate,up,down}_proj,
-// shared_experts.*}". Backward accumulates like every module.
+// Tensors by role (Router, ExpertGate/Up/Down with the expert index, Shared*), spelled by the
+// family's name table (Mixtral's block_sparse_moe.experts.E.w1, the others' mlp.experts.E.*).
+// Backward accumulates like every module.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,14 +27,20 @@ kernels::RouterConfig router_config(const arch::MoeSpec& moe);
 
 class Moe {
  public:
-  // prefix: the FFN's HF prefix ("model.layers.3.mlp" or "... .block_sparse_moe").
-  Moe(ParameterStore& store, const std::string& prefix, const arch::ModelSpec& spec);
+  // The routed-expert FFN of decoder layer `layer`; names by role from the family's table.
+  Moe(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer);
   // x: (n, hidden) -> returns y: (n, hidden) from the arena. x must stay valid until backward.
   float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
   // Accumulates dx (n, hidden), the expert and router weight gradients (not the bias).
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n);
-  // The same output with nothing saved (the KV-cache generator): y: (n, hidden), overwritten.
+  // The same output with nothing saved: y: (n, hidden), overwritten.
   void infer(const ParameterStore& store, const float* x, float* y, int64_t n) const;
+  // The incremental path: infer into the arena.
+  float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {
+    float* y = arena.alloc(static_cast<size_t>(n * hidden_));
+    infer(store, x, y, n);
+    return y;
+  }
 
   int64_t experts() const { return router_.experts; }
   // Of the last forward: each expert's share of the n·k token assignments (sums to 1), and the

@@ -25,6 +25,40 @@ ParamRef ParameterStore::add(const std::string& name, std::vector<int64_t> shape
   return {info.offset, info.numel};
 }
 
+ParamRef ParameterStore::add(const arch::TensorNameTable& names, const arch::TensorRole& role,
+                             std::vector<int64_t> shape) {
+  using arch::TensorKind;
+  using arch::TensorPart;
+  const std::string name = arch::tensor_name(names, role);
+  ParamRef r;
+  switch (role.part) {
+    case TensorPart::CorrectionBias:
+      r = add_buffer(name, std::move(shape));
+      break;
+    case TensorPart::Bias:
+      r = add(name, std::move(shape), Init::Zeros, false);
+      break;
+    case TensorPart::Weight: {
+      const bool norm = arch::is_norm_kind(role.kind);
+      const bool hidden = arch::is_hidden_matrix_kind(role.kind);
+      // Matrices multiplied with activations decay (the router and an untied head included);
+      // embeddings, norms and biases do not.
+      const bool decay = arch::is_matmul_kind(role.kind);
+      r = add(name, std::move(shape), norm ? Init::Ones : Init::Normal, decay, hidden);
+      break;
+    }
+  }
+  entries_.back().role = role;
+  return r;
+}
+
+const ParamInfo* ParameterStore::find(const arch::TensorRole& role) const {
+  for (const ParamInfo& p : entries_) {
+    if (p.role && *p.role == role) return &p;
+  }
+  return nullptr;
+}
+
 ParamRef ParameterStore::add_buffer(const std::string& name, std::vector<int64_t> shape) {
   ParamRef r = add(name, std::move(shape), Init::Zeros, false, false);
   entries_.back().buffer = true;

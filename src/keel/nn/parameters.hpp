@@ -3,11 +3,13 @@
 // and optimizer state live in one flat buffer each and share the same offsets. Modules keep a
 // ParamRef; everything else (safetensors I/O, optimizers, monitors) addresses parameters by name.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "keel/arch/tensor_names.hpp"
 #include "keel/core/arena.hpp"
 
 namespace keel::nn {
@@ -23,6 +25,11 @@ struct ParamInfo {
   bool weight_decay = false;  // AdamW default: matrices decay; norms, biases, embeddings do not
   bool matrix = false;        // a 2-D hidden weight (Muon candidate)
   bool buffer = false;        // state saved with the model but never moved by an optimizer
+  // What the tensor is (layer, kind, expert) when a model registered it by role; a store built
+  // by hand (optimizer tests) has roles only where it gives them. Monitors and hooks read this,
+  // never the name.
+  std::optional<arch::TensorRole> role;
+  int64_t layer() const { return role ? role->layer : -1; }
 };
 
 struct ParamRef {
@@ -34,6 +41,13 @@ struct ParamRef {
 class ParameterStore {
  public:
   ParamRef add(const std::string& name, std::vector<int64_t> shape, Init init, bool weight_decay, bool matrix = false);
+  // Registers a model tensor by role: the name comes from the family's table; initialization,
+  // weight decay and Muon routing from the kind (norm gains ones, biases zeros, hidden
+  // matrices and the heads decay, only hidden matrices are Muon candidates). A CorrectionBias
+  // part is a buffer.
+  ParamRef add(const arch::TensorNameTable& names, const arch::TensorRole& role, std::vector<int64_t> shape);
+  // The entry registered for a role, or null.
+  const ParamInfo* find(const arch::TensorRole& role) const;
   // A zero-initialized buffer (e.g. MoE's e_score_correction_bias): checkpointed and saved
   // under its name like a parameter, skipped by the optimizers; its gradient stays zero.
   ParamRef add_buffer(const std::string& name, std::vector<int64_t> shape);

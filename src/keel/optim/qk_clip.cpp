@@ -6,31 +6,19 @@
 #include <cmath>
 #include <string>
 
+#include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
 
 namespace keel::optim {
 namespace {
 
-// Families QK-Clip supports: plain q_proj/k_proj (+ optional bias, optional QK-Norm), or MLA.
-bool supported(arch::Family f) {
-  switch (f) {
-    case arch::Family::Llama:
-    case arch::Family::Mistral:
-    case arch::Family::Qwen2:
-    case arch::Family::Qwen3:
-    case arch::Family::Qwen3Moe:
-    case arch::Family::Mixtral:
-    case arch::Family::Glm4Moe:
-    case arch::Family::DeepseekV3:  // MLA
-    case arch::Family::KimiK2:
-      return true;
-    case arch::Family::Gpt2:  // fused c_attn, out of scope
-      return false;
-  }
-  return false;
-}
+using arch::TensorKind;
+using arch::TensorPart;
 
-float* param(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::string& name, int64_t numel) {
+// The tensor of a role in layer `layer`, checked against the size the spec implies.
+float* param(nn::ParameterStore& store, const arch::ModelSpec& spec, TensorKind kind, TensorPart part, int64_t layer,
+             int64_t numel) {
+  const std::string name = arch::tensor_name(spec, {kind, part, layer});
   const nn::ParamInfo* info = store.find(name);
   if (!info) throw Error(spec.source, name, "QK-Clip: parameter not in the store");
   if (info->numel != numel)
@@ -39,10 +27,11 @@ float* param(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::
   return store.data(name);
 }
 
-float* optional_param(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::string& name, int64_t numel) {
-  return store.find(name) ? param(store, spec, name, numel) : nullptr;
+float* optional_param(nn::ParameterStore& store, const arch::ModelSpec& spec, TensorKind kind, TensorPart part,
+                      int64_t layer, int64_t numel) {
+  return store.find(arch::tensor_name(spec, {kind, part, layer})) ? param(store, spec, kind, part, layer, numel)
+                                                                   : nullptr;
 }
-
 // Multiplies rows [row, row + rows) of a (·, cols) matrix, and the matching bias entries, by f.
 void scale_rows(float* w, float* bias, int64_t row, int64_t rows, int64_t cols, float f) {
   for (int64_t i = row * cols; i < (row + rows) * cols; ++i) w[i] *= f;
@@ -58,14 +47,15 @@ void scale_rows(float* w, float* bias, int64_t row, int64_t rows, int64_t cols, 
 // gamma_h (RoPE is linear; q^C/q^R pass no norm after these projections). k^R and v_h rows are
 // left alone: k^R feeds every head, v does not enter the logit. q_a_proj / q_a_layernorm /
 // kv_a_layernorm feed all heads too and stay untouched.
-void clip_mla_layer(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::string& p,
+void clip_mla_layer(nn::ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
                     const std::vector<double>& gamma) {
   const auto& a = spec.attention;
   const int64_t heads = a.num_heads, nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim, qk = nope + rope;
   const int64_t q_in = a.q_lora_rank > 0 ? a.q_lora_rank : spec.hidden_size;
-  float* wq = param(store, spec, p + (a.q_lora_rank > 0 ? "q_b_proj.weight" : "q_proj.weight"), heads * qk * q_in);
+  float* wq = param(store, spec, a.q_lora_rank > 0 ? TensorKind::QB : TensorKind::Q, TensorPart::Weight, layer,
+                    heads * qk * q_in);
   const int64_t kvb_rows = nope + a.v_head_dim;
-  float* wkv_b = param(store, spec, p + "kv_b_proj.weight", heads * kvb_rows * a.kv_lora_rank);
+  float* wkv_b = param(store, spec, TensorKind::KvB, TensorPart::Weight, layer, heads * kvb_rows * a.kv_lora_rank);
   for (int64_t h = 0; h < heads; ++h) {
     const double g = gamma[static_cast<size_t>(h)];
     if (g >= 1.0) continue;  // unclipped heads keep their bits
@@ -80,21 +70,21 @@ void clip_mla_layer(nn::ParameterStore& store, const arch::ModelSpec& spec, cons
 
 QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, const std::vector<float>& max_logits,
                      const QkClipConfig& cfg) {
-  if (!supported(spec.family))
+  if (!arch::family_row(spec).supports.qk_clip)
     throw Error(spec.source, "model_type", "QK-Clip is not implemented for model_type '" + spec.model_type + "'");
   if (!(cfg.tau > 0.f) || !std::isfinite(cfg.tau))
-    throw Error("", "qk_clip.tau", "must be a positive finite number, got " + std::to_string(cfg.tau));
+    throw Error(spec.source, "qk_clip.tau", "must be a positive finite number, got " + std::to_string(cfg.tau));
   const int64_t layers = spec.num_layers, heads = spec.attention.num_heads, kv_heads = spec.attention.num_kv_heads;
   const int64_t hd = spec.attention.head_dim, hidden = spec.hidden_size;
   if (static_cast<int64_t>(max_logits.size()) != layers * heads)
-    throw Error("", "max_logits",
+    throw Error(spec.source, "max_logits",
                 "QK-Clip: expected (layers, heads) = " + std::to_string(layers * heads) + " values, got " +
                     std::to_string(max_logits.size()));
   const int64_t group = heads / kv_heads;
   // Validate everything before touching anything, so a bad value never leaves a half-clipped model.
   for (size_t i = 0; i < max_logits.size(); ++i)
     if (!std::isfinite(max_logits[i]))
-      throw Error("", "max_logits", "QK-Clip: layer " + std::to_string(static_cast<int64_t>(i) / heads) + " head " +
+      throw Error(spec.source, "max_logits", "QK-Clip: layer " + std::to_string(static_cast<int64_t>(i) / heads) + " head " +
                                         std::to_string(static_cast<int64_t>(i) % heads) +
                                         " has a non-finite max logit (training diverged)");
 
@@ -114,10 +104,9 @@ QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, con
       }
     }
     if (!any) continue;  // nothing in this layer is touched: its weights stay bit-identical
-    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
 
     if (spec.attention.kind == arch::AttentionKind::Mla) {
-      clip_mla_layer(store, spec, p, gamma);
+      clip_mla_layer(store, spec, l, gamma);
       continue;
     }
     if (spec.attention.qk_norm) {
@@ -132,8 +121,8 @@ QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, con
       // with shared gains there is no exact per-head alternative.
       const double gl = *std::min_element(gamma.begin(), gamma.end());
       const float f = static_cast<float>(std::sqrt(gl));
-      float* gq = param(store, spec, p + "q_norm.weight", hd);
-      float* gk = param(store, spec, p + "k_norm.weight", hd);
+      float* gq = param(store, spec, TensorKind::QNorm, TensorPart::Weight, l, hd);
+      float* gk = param(store, spec, TensorKind::KNorm, TensorPart::Weight, l, hd);
       for (int64_t i = 0; i < hd; ++i) {
         gq[i] *= f;
         gk[i] *= f;
@@ -141,10 +130,10 @@ QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, con
       continue;
     }
 
-    float* wq = param(store, spec, p + "q_proj.weight", heads * hd * hidden);
-    float* wk = param(store, spec, p + "k_proj.weight", kv_heads * hd * hidden);
-    float* bq = optional_param(store, spec, p + "q_proj.bias", heads * hd);
-    float* bk = optional_param(store, spec, p + "k_proj.bias", kv_heads * hd);
+    float* wq = param(store, spec, TensorKind::Q, TensorPart::Weight, l, heads * hd * hidden);
+    float* wk = param(store, spec, TensorKind::K, TensorPart::Weight, l, kv_heads * hd * hidden);
+    float* bq = optional_param(store, spec, TensorKind::Q, TensorPart::Bias, l, heads * hd);
+    float* bk = optional_param(store, spec, TensorKind::K, TensorPart::Bias, l, kv_heads * hd);
     // GQA rule. Query head h reads kv head g = h / group; its logit is s = (q_h·k_g)/√d with
     // q_h = R(W_q^h x + b_q^h), k_g = R(W_k^g x' + b_k^g), R the (linear) RoPE rotation. Scaling
     // head h's q rows and bias by a_h and kv head g's k rows and bias by c_g multiplies every logit

@@ -1,0 +1,234 @@
+#include "keel/arch/tensor_names.hpp"
+
+#include <array>
+#include <charconv>
+
+#include "keel/core/error.hpp"
+
+namespace keel::arch {
+
+namespace {
+using K = TensorKind;
+
+constexpr std::array kAllKinds = {
+    K::Embedding,  K::PositionEmbedding, K::FinalNorm,  K::LmHead,     K::InputNorm,   K::PostAttentionNorm,
+    K::PreFeedforwardNorm, K::PostFeedforwardNorm, K::Q, K::K, K::V, K::O, K::Qkv, K::QNorm, K::KNorm,
+    K::QA,         K::QANorm,            K::QB,         K::KvA,        K::KvANorm,     K::KvB,
+    K::MlpGate,    K::MlpUp,             K::MlpDown,    K::Router,     K::ExpertGate,  K::ExpertUp,
+    K::ExpertDown, K::SharedGate,        K::SharedUp,   K::SharedDown, K::MtpEmbedding, K::MtpENorm,
+    K::MtpHNorm,   K::MtpEhProj,         K::MtpHeadNorm, K::MtpHead,
+};
+
+std::string_view suffix(TensorPart part) {
+  switch (part) {
+    case TensorPart::Weight: return ".weight";
+    case TensorPart::Bias: return ".bias";
+    case TensorPart::CorrectionBias: return ".e_score_correction_bias";
+  }
+  return "";
+}
+
+void replace(std::string& s, std::string_view key, int64_t value) {
+  const auto pos = s.find(key);
+  if (pos != std::string::npos) s.replace(pos, key.size(), std::to_string(value));
+}
+
+// Matches `name` against a template with {L}/{E} placeholders; fills the numbers it finds.
+bool match(std::string_view tmpl, std::string_view name, int64_t& layer, int64_t& expert) {
+  size_t i = 0, j = 0;
+  while (i < tmpl.size()) {
+    if (tmpl.compare(i, 3, "{L}") == 0 || tmpl.compare(i, 3, "{E}") == 0) {
+      const bool is_layer = tmpl[i + 1] == 'L';
+      int64_t v = 0;
+      auto [end, ec] = std::from_chars(name.data() + j, name.data() + name.size(), v);
+      if (ec != std::errc() || end == name.data() + j) return false;
+      j = static_cast<size_t>(end - name.data());
+      (is_layer ? layer : expert) = v;
+      i += 3;
+      continue;
+    }
+    if (j >= name.size() || tmpl[i] != name[j]) return false;
+    ++i;
+    ++j;
+  }
+  return j == name.size();
+}
+}  // namespace
+
+std::string_view to_string(TensorKind kind) {
+  switch (kind) {
+    case K::Embedding: return "embedding";
+    case K::PositionEmbedding: return "position_embedding";
+    case K::FinalNorm: return "final_norm";
+    case K::LmHead: return "lm_head";
+    case K::InputNorm: return "input_norm";
+    case K::PostAttentionNorm: return "post_attention_norm";
+    case K::PreFeedforwardNorm: return "pre_feedforward_norm";
+    case K::PostFeedforwardNorm: return "post_feedforward_norm";
+    case K::Q: return "q";
+    case K::K: return "k";
+    case K::V: return "v";
+    case K::O: return "o";
+    case K::Qkv: return "qkv";
+    case K::QNorm: return "q_norm";
+    case K::KNorm: return "k_norm";
+    case K::QA: return "q_a";
+    case K::QANorm: return "q_a_norm";
+    case K::QB: return "q_b";
+    case K::KvA: return "kv_a";
+    case K::KvANorm: return "kv_a_norm";
+    case K::KvB: return "kv_b";
+    case K::MlpGate: return "mlp_gate";
+    case K::MlpUp: return "mlp_up";
+    case K::MlpDown: return "mlp_down";
+    case K::Router: return "router";
+    case K::ExpertGate: return "expert_gate";
+    case K::ExpertUp: return "expert_up";
+    case K::ExpertDown: return "expert_down";
+    case K::SharedGate: return "shared_gate";
+    case K::SharedUp: return "shared_up";
+    case K::SharedDown: return "shared_down";
+    case K::MtpEmbedding: return "mtp_embedding";
+    case K::MtpENorm: return "mtp_enorm";
+    case K::MtpHNorm: return "mtp_hnorm";
+    case K::MtpEhProj: return "mtp_eh_proj";
+    case K::MtpHeadNorm: return "mtp_head_norm";
+    case K::MtpHead: return "mtp_head";
+  }
+  return "?";
+}
+
+std::string_view name_template(const TensorNameTable& t, TensorKind kind) {
+  switch (kind) {
+    case K::Embedding: return t.embedding;
+    case K::PositionEmbedding: return t.position_embedding;
+    case K::FinalNorm: return t.final_norm;
+    case K::LmHead: return t.lm_head;
+    case K::InputNorm: return t.input_norm;
+    case K::PostAttentionNorm: return t.post_attention_norm;
+    case K::PreFeedforwardNorm: return t.pre_feedforward_norm;
+    case K::PostFeedforwardNorm: return t.post_feedforward_norm;
+    case K::Q: return t.q;
+    case K::K: return t.k;
+    case K::V: return t.v;
+    case K::O: return t.o;
+    case K::Qkv: return t.qkv;
+    case K::QNorm: return t.q_norm;
+    case K::KNorm: return t.k_norm;
+    case K::QA: return t.q_a;
+    case K::QANorm: return t.q_a_norm;
+    case K::QB: return t.q_b;
+    case K::KvA: return t.kv_a;
+    case K::KvANorm: return t.kv_a_norm;
+    case K::KvB: return t.kv_b;
+    case K::MlpGate: return t.mlp_gate;
+    case K::MlpUp: return t.mlp_up;
+    case K::MlpDown: return t.mlp_down;
+    case K::Router: return t.router;
+    case K::ExpertGate: return t.expert_gate;
+    case K::ExpertUp: return t.expert_up;
+    case K::ExpertDown: return t.expert_down;
+    case K::SharedGate: return t.shared_gate;
+    case K::SharedUp: return t.shared_up;
+    case K::SharedDown: return t.shared_down;
+    case K::MtpEmbedding: return t.mtp_embedding;
+    case K::MtpENorm: return t.mtp_enorm;
+    case K::MtpHNorm: return t.mtp_hnorm;
+    case K::MtpEhProj: return t.mtp_eh_proj;
+    case K::MtpHeadNorm: return t.mtp_head_norm;
+    case K::MtpHead: return t.mtp_head;
+  }
+  return "";
+}
+
+std::string tensor_name(const TensorNameTable& names, const TensorRole& role) {
+  const std::string_view tmpl = name_template(names, role.kind);
+  KEEL_CHECK(!tmpl.empty());
+  KEEL_CHECK(!is_layer_kind(role.kind) || role.layer >= 0);
+  std::string s(tmpl);
+  replace(s, "{L}", role.layer);
+  if (role.expert >= 0) replace(s, "{E}", role.expert);
+  s += suffix(role.part);
+  return s;
+}
+
+std::optional<TensorRole> parse_tensor_name(const TensorNameTable& names, std::string_view name) {
+  for (TensorPart part : {TensorPart::Weight, TensorPart::Bias, TensorPart::CorrectionBias}) {
+    const std::string_view suf = suffix(part);
+    if (name.size() <= suf.size() || name.substr(name.size() - suf.size()) != suf) continue;
+    const std::string_view stem = name.substr(0, name.size() - suf.size());
+    for (TensorKind kind : kAllKinds) {
+      const std::string_view tmpl = name_template(names, kind);
+      int64_t layer = -1, expert = -1;
+      if (!tmpl.empty() && match(tmpl, stem, layer, expert)) return TensorRole{kind, part, layer, expert};
+    }
+  }
+  return std::nullopt;
+}
+
+bool is_layer_kind(TensorKind kind) {
+  switch (kind) {
+    case K::Embedding:
+    case K::PositionEmbedding:
+    case K::FinalNorm:
+    case K::LmHead:
+      return false;
+    case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm: case K::PostFeedforwardNorm:
+    case K::Q: case K::K: case K::V: case K::O: case K::Qkv: case K::QNorm: case K::KNorm:
+    case K::QA: case K::QANorm: case K::QB: case K::KvA: case K::KvANorm: case K::KvB:
+    case K::MlpGate: case K::MlpUp: case K::MlpDown:
+    case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
+    case K::SharedGate: case K::SharedUp: case K::SharedDown:
+    case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpEhProj: case K::MtpHeadNorm:
+    case K::MtpHead:
+      return true;
+  }
+  return false;
+}
+
+bool is_expert_kind(TensorKind kind) {
+  return kind == K::ExpertGate || kind == K::ExpertUp || kind == K::ExpertDown;
+}
+
+bool is_norm_kind(TensorKind kind) {
+  switch (kind) {
+    case K::FinalNorm: case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm:
+    case K::PostFeedforwardNorm: case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm:
+    case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm:
+      return true;
+    case K::Embedding: case K::PositionEmbedding: case K::LmHead:
+    case K::Q: case K::K: case K::V: case K::O: case K::Qkv:
+    case K::QA: case K::QB: case K::KvA: case K::KvB:
+    case K::MlpGate: case K::MlpUp: case K::MlpDown:
+    case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
+    case K::SharedGate: case K::SharedUp: case K::SharedDown:
+    case K::MtpEmbedding: case K::MtpEhProj: case K::MtpHead:
+      return false;
+  }
+  return false;
+}
+
+bool is_hidden_matrix_kind(TensorKind kind) {
+  switch (kind) {
+    case K::Q: case K::K: case K::V: case K::O: case K::Qkv:
+    case K::QA: case K::QB: case K::KvA: case K::KvB:
+    case K::MlpGate: case K::MlpUp: case K::MlpDown:
+    case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
+    case K::SharedGate: case K::SharedUp: case K::SharedDown:
+    case K::MtpEhProj:
+      return true;
+    case K::Embedding: case K::PositionEmbedding: case K::FinalNorm: case K::LmHead:
+    case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm: case K::PostFeedforwardNorm:
+    case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm:
+    case K::Router:
+    case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm: case K::MtpHead:
+      return false;
+  }
+  return false;
+}
+
+bool is_matmul_kind(TensorKind kind) {
+  return is_hidden_matrix_kind(kind) || kind == K::Router || kind == K::LmHead || kind == K::MtpHead;
+}
+
+}  // namespace keel::arch

@@ -1,0 +1,72 @@
+#pragma once
+// What incremental decoding keeps between calls. A KvCache holds one layer's rows, one per
+// token: keys and values of standard attention (after QK-Norm and RoPE), or MLA's compressed
+// latent with the shared rotary key, [c_KV (kv_lora_rank) | k^R (qk_rope_head_dim)], from which
+// the absorbed projections read both keys and values (values_in_keys). A DecodeState is the
+// whole model's: a cache per layer, the tokens cached, and the scratch arena of the incremental
+// forward (TransformerModel::forward_incremental).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "keel/core/arena.hpp"
+#include "keel/core/error.hpp"
+
+namespace keel::nn {
+
+class KvCache {
+ public:
+  KvCache() = default;
+  // value_width 0: the values are read from the key rows (MLA's latent).
+  KvCache(int64_t key_width, int64_t value_width, int64_t max_rows)
+      : key_width_(key_width), value_width_(value_width), max_rows_(max_rows) {}
+
+  // Appends n rows (values ignored when value_width is 0). Grows by doubling, so a short
+  // generation never allocates the whole context.
+  void append(const float* keys, const float* values, int64_t n) {
+    KEEL_CHECK(rows_ + n <= max_rows_);
+    reserve(keys_, rows_ + n, key_width_);
+    std::memcpy(keys_.data() + rows_ * key_width_, keys, sizeof(float) * static_cast<size_t>(n * key_width_));
+    if (value_width_ > 0) {
+      reserve(values_, rows_ + n, value_width_);
+      std::memcpy(values_.data() + rows_ * value_width_, values, sizeof(float) * static_cast<size_t>(n * value_width_));
+    }
+    rows_ += n;
+  }
+  void clear() { rows_ = 0; }
+
+  const float* keys() const { return keys_.data(); }
+  const float* values() const { return value_width_ > 0 ? values_.data() : keys_.data(); }
+  int64_t rows() const { return rows_; }
+  int64_t key_width() const { return key_width_; }
+  int64_t value_width() const { return value_width_; }
+  // Floats one token adds to this layer's cache.
+  int64_t floats_per_token() const { return key_width_ + value_width_; }
+
+ private:
+  void reserve(std::vector<float>& buf, int64_t rows, int64_t width) const {
+    const size_t need = static_cast<size_t>(rows * width);
+    if (buf.size() >= need) return;
+    const int64_t have = static_cast<int64_t>(buf.size()) / std::max<int64_t>(width, 1);
+    const int64_t grown = std::min(max_rows_, std::max({rows, 2 * have, int64_t{16}}));
+    buf.resize(static_cast<size_t>(grown * width));
+  }
+
+  int64_t key_width_ = 0, value_width_ = 0, max_rows_ = 0, rows_ = 0;
+  std::vector<float> keys_, values_;
+};
+
+struct DecodeState {
+  std::vector<KvCache> layers;
+  int64_t length = 0;  // tokens cached (the position of the next token)
+  Arena arena;         // scratch of one incremental call, reset at its start
+  // Bytes one token adds over all layers (fp32).
+  int64_t bytes_per_token() const {
+    int64_t floats = 0;
+    for (const KvCache& c : layers) floats += c.floats_per_token();
+    return floats * static_cast<int64_t>(sizeof(float));
+  }
+};
+
+}  // namespace keel::nn

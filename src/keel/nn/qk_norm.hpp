@@ -1,0 +1,37 @@
+#pragma once
+// QK-Norm (Qwen3, GLM-4.5 with use_qk_norm; Dehghani et al. 2023, "Scaling Vision Transformers
+// to 22B", §3.1; algorithms.md): an RMSNorm over each head's head_dim vector of the query and
+// key projections, one gain per dimension shared by all heads (q_norm, k_norm), applied before
+// RoPE. It bounds |q·k| by the gains, so attention logits cannot grow with the weights' norm.
+#include <cstdint>
+
+#include "keel/arch/tensor_names.hpp"
+#include "keel/core/arena.hpp"
+#include "keel/nn/parameters.hpp"
+
+namespace keel::nn {
+
+class QkNorm {
+ public:
+  QkNorm(ParameterStore& store, const arch::TensorNameTable& names, int64_t layer, int64_t heads, int64_t kv_heads,
+         int64_t head_dim, float eps);
+
+  // Per-row statistics of one call, for backward (rstd: (n·heads), (n·kv_heads)).
+  struct Saved {
+    const float *q_raw = nullptr, *k_raw = nullptr;
+    float *q_rstd = nullptr, *k_rstd = nullptr;
+  };
+  // q_raw: (n, heads, head_dim), k_raw: (n, kv_heads, head_dim) -> q, k (same shapes, overwritten).
+  Saved forward(const ParameterStore& store, Arena& arena, const float* q_raw, const float* k_raw, float* q, float* k,
+                int64_t n) const;
+  // Accumulates dq_raw, dk_raw and the q_norm / k_norm gain gradients from dq, dk.
+  void backward(ParameterStore& store, const Saved& saved, const float* dq, const float* dk, float* dq_raw,
+                float* dk_raw, int64_t n) const;
+
+ private:
+  ParamRef q_gain_, k_gain_;
+  int64_t heads_, kv_heads_, head_dim_;
+  float eps_;
+};
+
+}  // namespace keel::nn
