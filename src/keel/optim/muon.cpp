@@ -88,7 +88,8 @@ MuonScaling parse_muon_scaling(const std::string& name, const std::string& sourc
 
 std::span<float> Muon::state(const std::string& state_name, const nn::ParamInfo& p) {
   if (state_name == "momentum") return {momentum_.data() + p.offset, static_cast<size_t>(p.numel)};
-  return adamw_opt_.state(state_name, p);
+  if (state_name == "exp_avg" || state_name == "exp_avg_sq") return adamw_opt_.state(state_name, p);
+  throw Error("muon", "state", "no state named '" + state_name + "'; Muon holds momentum, exp_avg, exp_avg_sq");
 }
 
 float Muon::update_scale(int64_t rows, int64_t cols, const float* o) const {
