@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Fails when a function in src/keel/train/*.cpp runs past LIMIT lines (issue 12: a trainer made
-of parts, each stage a short function). Counts from the line of a definition's opening brace to
-its closing one; namespace braces do not nest, class and initializer blocks are not functions."""
+of parts, each stage a short function). Counts from a definition's first line (signature and
+initializer list included) to its closing brace; namespace braces do not nest, class and
+initializer blocks are not functions. `--report` lists the longest."""
 import pathlib
 import re
 import sys
@@ -18,15 +19,22 @@ def strip(line):
 
 
 def long_functions(path):
+    """(first line, length) of every top-level block: from its signature's first line (the line
+    after the previous declaration, blank line or comment) to its closing brace."""
     depth, start, head, found = 0, None, "", []
+    signature = 1  # where the next top-level declaration begins
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = strip(raw)
-        if re.match(r"\s*(namespace\b.*\{|\}\s*$)", line) and depth == 0:
+        if depth == 0 and re.match(r"\s*(namespace\b.*\{|\}\s*$)", line):
+            signature = number + 1
             continue  # namespace open/close
+        if depth == 0 and (not line.strip() or line.lstrip().startswith("#")):
+            signature = number + 1
+            continue
         for ch in line:
             if ch == "{":
                 if depth == 0:
-                    start, head = number, line
+                    start, head = signature, line
                 depth += 1
             elif ch == "}":
                 depth -= 1
@@ -35,6 +43,8 @@ def long_functions(path):
                     if is_function:
                         found.append((start, number - start + 1))
                     start = None
+        if depth == 0 and line.rstrip().endswith((";", "}")):
+            signature = number + 1
     return found
 
 
