@@ -1,14 +1,23 @@
 // The spike detector alone: its robust statistics, that a falling loss with ordinary noise raises
 // no false alarm, that real spikes and non-finite values are caught, and that its window survives
-// a checkpoint round trip. The recovery policies end to end are in trainer_test.cpp.
+// a checkpoint round trip. The recovery policies (spike_recovery.hpp) directly: decisions within
+// the budgets, the events and messages, and the rollback procedure over a run folder with a
+// damaged checkpoint. End to end they are in trainer_test.cpp.
 #include "keel/train/spike_guard.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "keel/core/rng.hpp"
+#include "keel/train/faults.hpp"
+#include "keel/train/run_dir.hpp"
+#include "keel/train/run_state.hpp"
+#include "keel/train/spike_recovery.hpp"
 
 namespace keel::train {
 namespace {
@@ -92,6 +101,182 @@ TEST(SpikeGuard, PolicyNames) {
   EXPECT_EQ(parse_spike_policy("rollback"), SpikePolicy::Rollback);
   EXPECT_STREQ(to_string(SpikePolicy::Skip), "skip");
   EXPECT_THROW(parse_spike_policy("retry"), std::invalid_argument);
+}
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+SpikeConfig policy(SpikePolicy p) {
+  SpikeConfig c;
+  c.policy = p;
+  c.max_skips = 2;
+  c.max_rollbacks = 1;
+  return c;
+}
+
+TEST(SpikeRecovery, DecisionsKeepToThePolicyWithinItsBudgets) {
+  const SpikeVerdict loss{true, "loss", 9.0, 4.0}, nan_grad{true, "nonfinite_grad", kNaN, 0};
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Warn), loss, 0, 0).action, SpikePolicy::Warn);
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Warn), loss, 0, 0).abort_reason, "");
+  // A non-finite value cannot be trained through: warn turns into abort.
+  auto d = decide_spike(policy(SpikePolicy::Warn), nan_grad, 0, 0);
+  EXPECT_EQ(d.action, SpikePolicy::Abort);
+  EXPECT_NE(d.abort_reason.find("spikes.policy = warn"), std::string::npos) << d.abort_reason;
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Skip), nan_grad, 1, 0).action, SpikePolicy::Skip);
+  d = decide_spike(policy(SpikePolicy::Skip), loss, 2, 0);
+  EXPECT_EQ(d.action, SpikePolicy::Abort);
+  EXPECT_EQ(d.abort_reason, "spikes.max_skips (2) updates already skipped");
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Rollback), loss, 5, 0).action, SpikePolicy::Rollback);
+  d = decide_spike(policy(SpikePolicy::Rollback), loss, 0, 1);
+  EXPECT_EQ(d.action, SpikePolicy::Abort);
+  EXPECT_EQ(d.abort_reason, "spikes.max_rollbacks (1) rollbacks already done");
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Abort), loss, 0, 0).abort_reason, "spikes.policy = abort");
+}
+
+TEST(SpikeRecovery, EventsAndMessagesNameTheSignal) {
+  const nlohmann::json e = spike_event(22, {true, "loss", 9.5, 4.0}, SpikePolicy::Rollback);
+  EXPECT_EQ(e.dump(), R"({"action":"rollback","signal":"loss","step":22,"threshold":4.0,"type":"spike","value":9.5})");
+  // JSON has no NaN: the value is null, and there is no threshold for a non-finite signal.
+  EXPECT_EQ(spike_event(3, {true, "nonfinite_grad", kNaN, 0}, SpikePolicy::Skip).dump(),
+            R"({"action":"skip","signal":"nonfinite_grad","step":3,"type":"spike","value":null})");
+  EXPECT_EQ(spike_message(22, {true, "loss", 9.5, 4.0}, SpikePolicy::Rollback),
+            "keel: spike at step 22: loss = 9.5 above 4.000000; rollback");
+  EXPECT_EQ(spike_message(3, {true, "nonfinite_grad", kNaN, 0}, SpikePolicy::Skip),
+            "keel: spike at step 3: nonfinite_grad = nan; skip");
+}
+
+// One tensor in model.safetensors, for checkpoints without a model.
+class Weights : public Stateful {
+ public:
+  std::vector<float> v = std::vector<float>(64, 0.0f);
+  void save(CheckpointWriter& out) const override {
+    out.file("model.safetensors");
+    out.tensor("model.safetensors", "w", {64}, v.data());
+  }
+  void load(CheckpointReader& in) override { in.tensor("model.safetensors", "w", {64}, v.data()); }
+};
+
+class RollbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("keel_spike_recovery_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::vector<nlohmann::json> events() const {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir_ / "events.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+  // A checkpoint of the parts at (step, sequences), the weights all equal to step.
+  void save_at(int64_t step, int64_t sequences) {
+    state_ = {step, step * 100, sequences};
+    std::fill(weights_.v.begin(), weights_.v.end(), static_cast<float>(step));
+    checkpoint_.save(dir_.string(), step, 3);
+  }
+  std::filesystem::path dir_;
+  TrainState state_;
+  Weights weights_;
+  TrainStateRecord record_{state_};
+  Checkpoint checkpoint_;
+};
+
+TEST_F(RollbackTest, LoadsTheNewestIntactCheckpointAndSkipsTheDataWindow) {
+  EventLog log((dir_ / "events.jsonl").string(), true);
+  std::vector<std::string> said;
+  SpikeRecovery recovery(policy(SpikePolicy::Rollback), dir_.string(), log,
+                         [&](const std::string& text) { said.push_back(text); });
+  checkpoint_.add("train", record_);
+  checkpoint_.add("model", weights_);
+  checkpoint_.add("spike_guard", recovery);
+  save_at(5, 20);
+  save_at(10, 40);
+  damage_checkpoint((dir_ / kCheckpointsDir / "step_00000010").string());
+  state_ = {12, 1200, 52};  // the spike's batches ended at sequence 52
+
+  nlohmann::json step_events = nlohmann::json::array();
+  const auto r = recovery.rollback(13, "loss", state_, checkpoint_, step_events);
+  EXPECT_EQ(r.to_step, 5);
+  EXPECT_EQ(r.from_sequences, 20);
+  EXPECT_EQ(r.to_sequences, 52);
+  EXPECT_EQ(state_.step, 5);
+  EXPECT_EQ(state_.tokens, 500);
+  EXPECT_EQ(state_.sequences, 52) << "PaLM §5.1: the data between the checkpoint and the spike is skipped";
+  EXPECT_EQ(weights_.v[7], 5.0f);
+  EXPECT_EQ(recovery.rollbacks_used(), 1) << "the checkpoint's counters do not give the budget back";
+  // The damaged checkpoint is kept aside, never loaded again.
+  EXPECT_TRUE(std::filesystem::exists(dir_ / kCheckpointsDir / "corrupt_step_00000010"));
+  EXPECT_EQ(complete_checkpoints(dir_.string()).size(), 1u);
+
+  auto ev = events();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0]["type"], "checkpoint_corrupt");
+  EXPECT_EQ(ev[0]["step"], 13);
+  EXPECT_NE(ev[0]["reason"].get<std::string>().find("checksum mismatch"), std::string::npos);
+  EXPECT_EQ(ev[1].dump(), R"({"skipped_sequences":[20,52],"step":13,"to_step":5,"type":"rollback"})");
+  EXPECT_EQ(step_events.size(), 1u);
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_NE(said[0].find("step_00000010 is damaged"), std::string::npos) << said[0];
+  EXPECT_EQ(said[1], "keel: rolled back to step 5, skipping sequences 20..52");
+
+  // The budget is spent: the next rollback decision aborts.
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Rollback), {true, "loss", 9, 4}, 0, recovery.rollbacks_used()).action,
+            SpikePolicy::Abort);
+}
+
+TEST_F(RollbackTest, WithoutAnIntactCheckpointTheRunAborts) {
+  EventLog log((dir_ / "events.jsonl").string(), true);
+  SpikeRecovery recovery(policy(SpikePolicy::Rollback), dir_.string(), log, [](const std::string&) {});
+  checkpoint_.add("train", record_);
+  checkpoint_.add("model", weights_);
+  save_at(5, 20);
+  damage_checkpoint((dir_ / kCheckpointsDir / "step_00000005").string());
+  state_ = {7, 700, 28};
+  nlohmann::json step_events = nlohmann::json::array();
+  try {
+    recovery.rollback(8, "loss", state_, checkpoint_, step_events);
+    FAIL() << "expected an abort";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.file(), dir_.string());
+    EXPECT_NE(std::string(e.what()).find("training diverged at step 8 (loss): no intact checkpoint to roll back to"),
+              std::string::npos)
+        << e.what();
+  }
+  auto ev = events();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0]["type"], "checkpoint_corrupt");
+  EXPECT_EQ(ev[1]["type"], "abort");
+  EXPECT_EQ(recovery.rollbacks_used(), 0);
+}
+
+TEST_F(RollbackTest, CountersAndWindowRoundTripThroughACheckpoint) {
+  EventLog log((dir_ / "events.jsonl").string(), true);
+  SpikeRecovery a(policy(SpikePolicy::Skip), dir_.string(), log, [](const std::string&) {});
+  // Two skipped steps spend the budget; the applied ones fill the window.
+  for (int64_t s = 1; s <= 30; ++s) {
+    StepContext step;
+    step.step = s;
+    step.loss = 5.0 - 0.01 * static_cast<double>(s);
+    step.grad_norm = 1.0;
+    step.fate = s == 4 || s == 9 ? StepFate::Skip : StepFate::Apply;
+    a.finish(step);
+  }
+  EXPECT_EQ(a.skips_used(), 2);
+  EXPECT_EQ(a.guard().history(), 28u);
+  checkpoint_.add("spike_guard", a);
+  checkpoint_.save(dir_.string(), 30, 3);
+
+  SpikeRecovery b(policy(SpikePolicy::Skip), dir_.string(), log, [](const std::string&) {});
+  Checkpoint other;
+  other.add("spike_guard", b);
+  other.load(*latest_complete_checkpoint(dir_.string()));
+  EXPECT_EQ(b.skips_used(), 2);
+  EXPECT_EQ(b.guard().state(), a.guard().state());
+  EXPECT_EQ(decide_spike(policy(SpikePolicy::Skip), {true, "loss", 9, 4}, b.skips_used(), 0).action,
+            SpikePolicy::Abort);
 }
 
 }  // namespace

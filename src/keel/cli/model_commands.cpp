@@ -21,6 +21,7 @@
 #include "keel/optim/grad_clip.hpp"
 #include "keel/optim/muon.hpp"
 #include "keel/train/run_config.hpp"
+#include "keel/train/step_loop.hpp"
 #include "keel/train/trainer.hpp"
 
 namespace keel::cli {
@@ -115,10 +116,10 @@ void register_eval(CLI::App& app) {
 // Accumulates the gradient of the mean objective over every line; returns (mean CE, mean z term).
 std::pair<double, double> accumulate_gradients(nn::TransformerModel& model,
                                                const std::vector<std::vector<int32_t>>& lines, size_t begin,
-                                               size_t end) {
+                                               size_t end, const std::string& tokens_path) {
   int64_t predicted = 0;
   for (size_t i = begin; i < end; ++i) predicted += static_cast<int64_t>(lines[i].size()) - 1;
-  if (predicted == 0) throw Error("", "tokens", "no line has two or more tokens; nothing to predict");
+  if (predicted == 0) throw Error(tokens_path, "tokens", "no line has two or more tokens; nothing to predict");
   double ce = 0, z = 0;
   for (size_t b = begin; b < end; b += kLinesPerBatch) {
     auto batch = data::make_batch(lines, b, std::min(end, b + kLinesPerBatch));
@@ -148,7 +149,7 @@ void register_grad(CLI::App& app) {
     if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
     auto& store = m.model->parameters();
     store.zero_grad();
-    auto [ce, z] = accumulate_gradients(*m.model, lines, 0, lines.size());
+    auto [ce, z] = accumulate_gradients(*m.model, lines, 0, lines.size(), o->tokens);
     std::vector<io::TensorToWrite> tensors;
     for (const auto& p : store.entries()) {
       tensors.push_back({p.name, io::DType::F32, p.shape, store.grads().data() + p.offset});
@@ -159,7 +160,31 @@ void register_grad(CLI::App& app) {
   });
 }
 
-// The minimal loop of `keel train --model DIR --tokens FILE`: every step sees the same lines.
+// The minimal loop's step lines ("step N  loss L  grad_norm G"); a non-finite loss stops it.
+class StepPrinter : public train::MetricsSink {
+ public:
+  StepPrinter(const nn::TransformerModel& model, std::string tokens_path, int64_t steps, int64_t log_every)
+      : model_(model), tokens_path_(std::move(tokens_path)), steps_(steps), log_every_(log_every) {}
+  void write(const train::StepContext& step, const train::TrainState& /*state*/) override {
+    const double ce = step.ce_sum / static_cast<double>(step.predicted);
+    const double z = step.z_sum / static_cast<double>(step.predicted);
+    if (step.step % log_every_ == 0 || step.step == steps_) {
+      std::printf("step %lld  loss %.6f  grad_norm %.4f\n", static_cast<long long>(step.step),
+                  ce + model_.spec().z_loss * z, step.grad_norm);
+      std::fflush(stdout);
+    }
+    if (!std::isfinite(ce)) throw Error(tokens_path_, "", "loss became non-finite at step " + std::to_string(step.step));
+  }
+
+ private:
+  const nn::TransformerModel& model_;
+  std::string tokens_path_;
+  int64_t steps_, log_every_;
+};
+
+// The minimal loop of `keel train --model DIR --tokens FILE`: the trainer's stages with a constant
+// learning rate, AdamW, clipping and the MoE bias update; no spike decision, evaluation or
+// checkpoints. Every step sees the same lines (or the next --batch-lines of them).
 void train_on_token_file(const std::string& model_dir, const std::string& tokens_path, int64_t steps, float lr,
                          const std::string& out, int64_t batch_lines, const optim::AdamWConfig& adam, float clip,
                          int64_t log_every) {
@@ -168,23 +193,22 @@ void train_on_token_file(const std::string& model_dir, const std::string& tokens
   if (total_predicted(lines) == 0) throw Error(tokens_path, "", "no line has two or more tokens; nothing to predict");
   auto& store = m.model->parameters();
   optim::AdamW adamw(store, adam);
-  const size_t per_step = batch_lines > 0 ? std::min(lines.size(), static_cast<size_t>(batch_lines)) : lines.size();
-  size_t cursor = 0;
-  for (int64_t step = 1; step <= steps; ++step) {
-    if (cursor + per_step > lines.size()) cursor = 0;
-    store.zero_grad();
-    auto [ce, z] = accumulate_gradients(*m.model, lines, cursor, cursor + per_step);
-    cursor += per_step;
-    double norm = clip > 0 ? optim::clip_grad_norm(store.grads(), clip) : optim::global_grad_norm(store.grads());
-    adamw.step(store, lr);
-    m.model->update_router_bias(0.001f);  // MoE correction biases at the run config's default speed
-    if (step % log_every == 0 || step == steps) {
-      std::printf("step %lld  loss %.6f  grad_norm %.4f\n", static_cast<long long>(step), ce + m.model->spec().z_loss * z,
-                  norm);
-      std::fflush(stdout);
-    }
-    if (!std::isfinite(ce)) throw Error(tokens_path, "", "loss became non-finite at step " + std::to_string(step));
-  }
+  train::TokenFileBatches batches(lines, batch_lines, tokens_path);
+  train::SingleProcessReducer reducer;
+  train::UpdateStage update(store, adamw, m.model->spec().num_layers, /*measure=*/false);
+  train::RouterBiasHook router_bias(*m.model, 0.001f);  // MoE correction biases at the run config's default speed
+  StepPrinter printer(*m.model, tokens_path, steps, log_every);
+  train::TrainerParts parts;
+  parts.model = m.model.get();
+  parts.batches = &batches;
+  parts.reducer = &reducer;
+  parts.update = &update;
+  parts.lr_at = [lr](int64_t, int64_t) { return static_cast<double>(lr); };
+  parts.clip = clip;
+  parts.hooks = {&router_bias};
+  parts.metrics = {&printer};
+  train::TrainState state;
+  train::run_steps(parts, state, steps);
   io::save_model_dir(out, m.config, *m.model);
   std::printf("wrote %s\n", out.c_str());
 }
@@ -236,7 +260,7 @@ void register_train(CLI::App& app) {
       return;
     }
     if (o->model.empty() || o->tokens.empty() || o->out.empty() || o->steps <= 0 || o->lr < 0) {
-      throw Error("", "train", "give --config RUN.toml, --resume RUN_DIR, or all of --model, --tokens, --steps, --lr, --out");
+      throw Error("keel train", "", "give --config RUN.toml, --resume RUN_DIR, or all of --model, --tokens, --steps, --lr, --out");
     }
     train_on_token_file(o->model, o->tokens, o->steps, o->lr, o->out, o->batch_lines,
                         {o->beta1, o->beta2, o->eps, o->weight_decay}, o->clip, o->log_every);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "keel/core/error.hpp"
+
 namespace keel::optim {
 
 AdamW::AdamW(const nn::ParameterStore& store, AdamWConfig config)
@@ -23,6 +25,12 @@ void AdamW::step(nn::ParameterStore& store, float lr, std::span<const size_t> en
   const float step_size = static_cast<float>(lr / bias1);
   const float inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
   for (size_t e : entries) update(store, store.entries().at(e), lr, step_size, inv_sqrt_bias2);
+}
+
+std::span<float> AdamW::state(const std::string& state_name, const nn::ParamInfo& p) {
+  FloatBuffer* buffer = state_name == "exp_avg" ? &m_ : state_name == "exp_avg_sq" ? &v_ : nullptr;
+  if (!buffer) throw Error("adamw", "state", "no state named '" + state_name + "'; AdamW holds exp_avg, exp_avg_sq");
+  return {buffer->data() + p.offset, static_cast<size_t>(p.numel)};
 }
 
 void AdamW::update(nn::ParameterStore& store, const nn::ParamInfo& p, float lr, float step_size,

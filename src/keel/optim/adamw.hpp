@@ -8,6 +8,7 @@
 
 #include "keel/core/arena.hpp"
 #include "keel/nn/parameters.hpp"
+#include "keel/optim/optimizer.hpp"
 
 namespace keel::optim {
 
@@ -18,19 +19,23 @@ struct AdamWConfig {
   float weight_decay = 0.1f;
 };
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
   AdamW(const nn::ParameterStore& store, AdamWConfig config);
+  std::string name() const override { return "adamw"; }
   // One update of every parameter from the store's gradients at learning rate lr.
-  void step(nn::ParameterStore& store, float lr);
+  void step(nn::ParameterStore& store, float lr) override;
   // One update of only the store entries listed (indices into store.entries()), as when Muon
   // hands AdamW the embeddings, LM head, norms and biases. Counts as one step.
   void step(nn::ParameterStore& store, float lr, std::span<const size_t> entries);
-  int64_t steps_taken() const { return step_; }
+  int64_t steps_taken() const override { return step_; }
   const AdamWConfig& config() const { return config_; }
   FloatBuffer& first_moment() { return m_; }
   FloatBuffer& second_moment() { return v_; }
-  void set_steps_taken(int64_t s) { step_ = s; }
+  void set_steps_taken(int64_t s) override { step_ = s; }
+  // exp_avg (m) and exp_avg_sq (v), store-shaped.
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  std::span<float> state(const std::string& state_name, const nn::ParamInfo& p) override;
 
  private:
   void update(nn::ParameterStore& store, const nn::ParamInfo& p, float lr, float step_size, float inv_sqrt_bias2);

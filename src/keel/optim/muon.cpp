@@ -79,11 +79,17 @@ bool Muon::uses_muon(const std::string& name) const {
   return std::find(muon_names_.begin(), muon_names_.end(), name) != muon_names_.end();
 }
 
-MuonScaling parse_muon_scaling(const std::string& name) {
+MuonScaling parse_muon_scaling(const std::string& name, const std::string& source) {
   if (name == "moonlight") return MuonScaling::Moonlight;
   if (name == "keller_jordan") return MuonScaling::KellerJordan;
   if (name == "update_norm") return MuonScaling::UpdateNorm;
-  throw Error("", "optimizer.muon_scaling", "unknown scaling '" + name + "'; supported: moonlight, keller_jordan, update_norm");
+  throw Error(source, "optimizer.muon_scaling", "unknown scaling '" + name + "'; supported: moonlight, keller_jordan, update_norm");
+}
+
+std::span<float> Muon::state(const std::string& state_name, const nn::ParamInfo& p) {
+  if (state_name == "momentum") return {momentum_.data() + p.offset, static_cast<size_t>(p.numel)};
+  if (state_name == "exp_avg" || state_name == "exp_avg_sq") return adamw_opt_.state(state_name, p);
+  throw Error("muon", "state", "no state named '" + state_name + "'; Muon holds momentum, exp_avg, exp_avg_sq");
 }
 
 float Muon::update_scale(int64_t rows, int64_t cols, const float* o) const {

@@ -36,8 +36,9 @@ enum class MuonScaling {
   UpdateNorm,    // 0.2/RMS(O): update RMS exactly 0.2 whatever NS5's singular values are
 };
 
-// "moonlight", "keller_jordan" or "update_norm"; throws keel::Error(field "muon_scaling") otherwise.
-MuonScaling parse_muon_scaling(const std::string& name);
+// "moonlight", "keller_jordan" or "update_norm"; throws keel::Error(source, "optimizer.muon_scaling")
+// otherwise (source: the run config the name came from).
+MuonScaling parse_muon_scaling(const std::string& name, const std::string& source = "muon");
 
 struct MuonConfig {
   float momentum = 0.95f;
@@ -56,13 +57,14 @@ struct MuonConfig {
 // Glob ('*' any run, '?' one character) over the whole name, or substring when neither appears.
 bool name_matches(const std::string& pattern, const std::string& name);
 
-class Muon {
+class Muon : public Optimizer {
  public:
   // Throws keel::Error (field "force_muon") when a pattern forces Muon onto a 0-D or 1-D parameter.
   Muon(const nn::ParameterStore& store, MuonConfig config);
 
+  std::string name() const override { return "muon"; }
   // One update of every parameter from the store's gradients at learning rate lr.
-  void step(nn::ParameterStore& store, float lr);
+  void step(nn::ParameterStore& store, float lr) override;
 
   bool uses_muon(const std::string& name) const;
   const std::vector<size_t>& muon_entries() const { return muon_; }    // indices into store.entries()
@@ -72,8 +74,11 @@ class Muon {
   float update_scale(int64_t rows, int64_t cols, const float* o = nullptr) const;
 
   const MuonConfig& config() const { return config_; }
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t s) { step_ = s; adamw_opt_.set_steps_taken(s); }
+  int64_t steps_taken() const override { return step_; }
+  void set_steps_taken(int64_t s) override { step_ = s; adamw_opt_.set_steps_taken(s); }
+  // momentum (Muon matrices) and its AdamW group's exp_avg, exp_avg_sq; all store-shaped.
+  std::vector<std::string> state_names() const override { return {"momentum", "exp_avg", "exp_avg_sq"}; }
+  std::span<float> state(const std::string& state_name, const nn::ParamInfo& p) override;
   // Momentum of the Muon matrices at the store's offsets (zero elsewhere); checkpoint under a name.
   FloatBuffer& momentum_buffer() { return momentum_; }
   AdamW& adamw() { return adamw_opt_; }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -48,57 +49,9 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
-}  // namespace
-
-void save_checkpoint(const std::string& run_dir, const TrainState& state, const nn::TransformerModel& model,
-                     const OptimizerState& optimizer, const std::string& model_config_hash, int64_t keep) {
-  const fs::path root = fs::path(run_dir) / kCheckpointsDir;
-  const fs::path final_dir = root / checkpoint_dir_name(state.step);
-  const fs::path tmp = root / (checkpoint_dir_name(state.step) + ".tmp-" + std::to_string(::getpid()));
+// Keeps the newest `keep` complete checkpoints; drops leftovers of interrupted saves.
+void prune(const std::string& run_dir, const fs::path& root, int64_t keep) {
   std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw Error(root.string(), "", "cannot create the checkpoint folder: " + ec.message());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) throw Error(tmp.string(), "", "cannot create: " + ec.message());
-  try {
-    const nn::ParameterStore& store = model.parameters();
-    nlohmann::json checksums = nlohmann::json::object();
-    std::vector<io::TensorToWrite> weights, moments;
-    for (const nn::ParamInfo& p : store.entries()) {
-      const float* w = store.values().data() + p.offset;
-      const size_t bytes = static_cast<size_t>(p.numel) * sizeof(float);
-      weights.push_back({p.name, io::DType::F32, p.shape, w});
-      checksums["model.safetensors"][p.name] = content_hash(w, bytes);
-      for (const auto& [prefix, buffer] : optimizer.buffers) {
-        const float* b = buffer->data() + p.offset;
-        moments.push_back({prefix + "." + p.name, io::DType::F32, p.shape, b});
-        checksums["optimizer.safetensors"][prefix + "." + p.name] = content_hash(b, bytes);
-      }
-    }
-    io::write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
-    io::write_safetensors((tmp / "optimizer.safetensors").string(), moments);
-    nlohmann::json st = {{"step", state.step},
-                         {"tokens", state.tokens},
-                         {"sequences", state.sequences},
-                         {"optimizer", optimizer.name},
-                         {"optimizer_steps", optimizer.steps},
-                         {"model_config_hash", model_config_hash},
-                         {"checksums", checksums}};
-    if (!state.guard.is_null()) st["spike_guard"] = state.guard;
-    io::write_file_atomic((tmp / "state.json").string(), st.dump(1) + "\n");
-    fsync_path(tmp);
-    fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
-    fs::rename(tmp, final_dir, ec);
-    if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
-    fsync_path(root);
-    io::write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(state.step) + "\n");
-    fsync_path(final_dir);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
-  // Keep the newest `keep` complete checkpoints; drop leftovers of interrupted saves.
   auto complete = complete_checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i], ec);
   std::vector<fs::path> stale;
@@ -112,77 +65,123 @@ void save_checkpoint(const std::string& run_dir, const TrainState& state, const 
   for (const auto& p : stale) fs::remove_all(p, ec);
 }
 
-TrainState load_checkpoint(const std::string& checkpoint_dir, nn::TransformerModel& model, OptimizerState& optimizer,
-                           const std::string& model_config_hash) {
-  const fs::path dir(checkpoint_dir);
-  const fs::path state_path = dir / "state.json";
-  nlohmann::json st;
+}  // namespace
+
+void CheckpointWriter::file(const std::string& file, const nlohmann::json& metadata) {
+  for (const File& f : files_) KEEL_CHECK(f.name != file);
+  files_.push_back({file, metadata, {}});
+}
+
+void CheckpointWriter::tensor(const std::string& file, const std::string& name, const std::vector<int64_t>& shape,
+                              const float* data) {
+  auto it = std::find_if(files_.begin(), files_.end(), [&](const File& f) { return f.name == file; });
+  KEEL_CHECK(it != files_.end());
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  it->tensors.push_back({name, io::DType::F32, shape, data});
+  checksums_[file][name] = content_hash(data, static_cast<size_t>(numel) * sizeof(float));
+}
+
+void CheckpointWriter::write(const std::string& dir) const {
+  for (const File& f : files_) io::write_safetensors((fs::path(dir) / f.name).string(), f.tensors, f.metadata);
+  nlohmann::json st = state_;
+  st["checksums"] = checksums_;
+  io::write_file_atomic((fs::path(dir) / "state.json").string(), st.dump(1) + "\n");
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir)
+    : dir_(dir), state_path_((fs::path(dir) / "state.json").string()) {
   try {
-    st = nlohmann::json::parse(read_text(state_path));
+    state_ = nlohmann::json::parse(read_text(state_path_));
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointCorrupt(state_path.string(), "", std::string("corrupt checkpoint state: ") + e.what());
+    throw CheckpointCorrupt(state_path_, "", std::string("corrupt checkpoint state: ") + e.what());
   }
-  if (!st.is_object() || !st.contains("model_config_hash") || !st.contains("checksums") || !st.contains("step") ||
-      !st["step"].is_number_integer()) {
-    throw CheckpointCorrupt(state_path.string(), "", "corrupt checkpoint state: missing fields");
+  if (!state_.is_object() || !state_.contains("checksums")) {
+    throw CheckpointCorrupt(state_path_, "", "corrupt checkpoint state: missing fields");
   }
-  if (st["model_config_hash"] != model_config_hash) {
-    throw Error(state_path.string(), "model_config_hash",
-                "the checkpoint was written for another model config (config.json differs)");
-  }
-  if (st.value("optimizer", std::string("adamw")) != optimizer.name) {
-    throw Error(state_path.string(), "optimizer", "the checkpoint holds " + st.value("optimizer", std::string("adamw")) +
-                                                      " state but the run uses " + optimizer.name);
-  }
-  auto check = [&](const io::SafetensorsFile& file, const std::string& key, const std::string& tensor,
-                   const std::vector<float>& values) {
-    const auto& sums = st["checksums"];
-    if (!sums.contains(key) || !sums[key].contains(tensor)) {
-      throw CheckpointCorrupt(file.path(), tensor, "no checksum recorded for this tensor");
-    }
-    if (!sums[key][tensor].is_string() ||
-        content_hash(values.data(), values.size() * sizeof(float)) != sums[key][tensor].get<std::string>()) {
-      throw CheckpointCorrupt(file.path(), tensor, "checksum mismatch: the checkpoint is corrupt");
-    }
-  };
+}
+
+io::SafetensorsFile& CheckpointReader::open(const std::string& file) {
+  auto it = files_.find(file);
+  if (it != files_.end()) return it->second;
   // Unreadable tensor files (truncated, hostile headers) are damage too.
-  auto open_file = [](const fs::path& path) {
-    try {
-      return io::SafetensorsFile::open(path.string());
-    } catch (const CheckpointCorrupt&) {
-      throw;
-    } catch (const Error& e) {
-      throw CheckpointCorrupt(e.file(), e.field(), e.reason());
-    }
-  };
-  io::SafetensorsFile weights = open_file(dir / "model.safetensors");
-  io::SafetensorsFile moments = open_file(dir / "optimizer.safetensors");
-  nn::ParameterStore& store = model.parameters();
-  for (const nn::ParamInfo& p : store.entries()) {
-    std::vector<std::tuple<io::SafetensorsFile*, const char*, std::string, float*>> targets = {
-        {&weights, "model.safetensors", p.name, store.values().data() + p.offset}};
-    for (const auto& [prefix, buffer] : optimizer.buffers) {
-      targets.emplace_back(&moments, "optimizer.safetensors", prefix + "." + p.name, buffer->data() + p.offset);
-    }
-    for (auto& [file, key, name, dst] : targets) {
-      const io::TensorRecord* rec = file->find(name);
-      if (!rec) throw CheckpointCorrupt(file->path(), name, "missing tensor");
-      if (rec->shape != p.shape || rec->dtype != io::DType::F32) {
-        throw CheckpointCorrupt(file->path(), name, "shape or dtype does not match the model");
-      }
-      std::vector<float> values;
-      try {
-        values = file->read_f32(name);
-      } catch (const Error& e) {
-        throw CheckpointCorrupt(e.file(), e.field(), e.reason());
-      }
-      check(*file, key, name, values);
-      std::copy(values.begin(), values.end(), dst);
-    }
+  try {
+    return files_.emplace(file, io::SafetensorsFile::open((fs::path(dir_) / file).string())).first->second;
+  } catch (const CheckpointCorrupt&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointCorrupt(e.file(), e.field(), e.reason());
   }
-  optimizer.steps = st.value("optimizer_steps", int64_t{0});
-  return {st["step"].get<int64_t>(), st.value("tokens", int64_t{0}), st.value("sequences", int64_t{0}),
-          st.value("spike_guard", nlohmann::json())};
+}
+
+void CheckpointReader::tensor(const std::string& file, const std::string& name, const std::vector<int64_t>& shape,
+                              float* dst) {
+  io::SafetensorsFile& f = open(file);
+  const io::TensorRecord* rec = f.find(name);
+  if (!rec) throw CheckpointCorrupt(f.path(), name, "missing tensor");
+  if (rec->shape != shape || rec->dtype != io::DType::F32) {
+    throw CheckpointCorrupt(f.path(), name, "shape or dtype does not match the model");
+  }
+  std::vector<float> values;
+  try {
+    values = f.read_f32(name);
+  } catch (const Error& e) {
+    throw CheckpointCorrupt(e.file(), e.field(), e.reason());
+  }
+  const auto& sums = state_["checksums"];
+  if (!sums.contains(file) || !sums[file].contains(name)) {
+    throw CheckpointCorrupt(f.path(), name, "no checksum recorded for this tensor");
+  }
+  if (!sums[file][name].is_string() ||
+      content_hash(values.data(), values.size() * sizeof(float)) != sums[file][name].get<std::string>()) {
+    throw CheckpointCorrupt(f.path(), name, "checksum mismatch: the checkpoint is corrupt");
+  }
+  std::copy(values.begin(), values.end(), dst);
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, part] : parts_) out.push_back(name);
+  return out;
+}
+
+std::string Checkpoint::save(const std::string& run_dir, int64_t step, int64_t keep) const {
+  const fs::path root = fs::path(run_dir) / kCheckpointsDir;
+  const fs::path final_dir = root / checkpoint_dir_name(step);
+  const fs::path tmp = root / (checkpoint_dir_name(step) + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw Error(root.string(), "", "cannot create the checkpoint folder: " + ec.message());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error(tmp.string(), "", "cannot create: " + ec.message());
+  try {
+    CheckpointWriter out;
+    for (const auto& [name, part] : parts_) part->save(out);
+    out.write(tmp.string());
+    fsync_path(tmp);
+    fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
+    fsync_path(root);
+    io::write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
+    fsync_path(final_dir);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  prune(run_dir, root, keep);
+  return final_dir.string();
+}
+
+void Checkpoint::load(const std::string& checkpoint_dir) {
+  CheckpointReader in(checkpoint_dir);
+  for (const auto& [name, part] : parts_) part->check(in);
+  for (const auto& [name, part] : parts_) part->load(in);
+}
+
+int64_t checkpoint_step(const std::string& checkpoint_dir) {
+  return std::stoll(fs::path(checkpoint_dir).filename().string().substr(5));
 }
 
 }  // namespace keel::train

@@ -2,7 +2,9 @@
 // The training loop of `keel train --config RUN.toml`: batches drawn deterministically from a
 // prepared dataset, gradient accumulation (and the batch ramp through it), global grad-norm
 // clipping, AdamW under a schedule, periodic evaluation, metrics.jsonl, live progress, and
-// checkpoints from which `--resume` continues bit for bit.
+// checkpoints from which `--resume` continues bit for bit. The run is assembled from parts: the
+// step's stages (step_loop.hpp), the optimizer (optimizer_factory.hpp), spike recovery
+// (spike_recovery.hpp) and a checkpoint of named state objects (checkpoint.hpp, run_state.hpp).
 #include <cstdint>
 #include <cstdio>
 #include <string>

@@ -1,0 +1,33 @@
+#pragma once
+// The optimizer interface the trainer steps and the checkpoint saves: AdamW and Muon implement
+// it; sharded versions (ZeRO-1 AdamW, distributed Muon) will too. State is addressed by name —
+// (state name, parameter) -> that parameter's floats — never as "the" flat buffer of a moment,
+// so an optimizer that holds only a shard of a state can still answer for what it owns.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "keel/nn/parameters.hpp"
+
+namespace keel::optim {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // "adamw" or "muon": recorded in checkpoints, which refuse another optimizer's state.
+  virtual std::string name() const = 0;
+  // One update of every parameter from the store's gradients at learning rate lr.
+  virtual void step(nn::ParameterStore& store, float lr) = 0;
+  virtual int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(int64_t steps) = 0;
+
+  // The names of its state tensors (AdamW: exp_avg, exp_avg_sq; Muon: momentum, exp_avg,
+  // exp_avg_sq), in the order a checkpoint stores them for each parameter.
+  virtual std::vector<std::string> state_names() const = 0;
+  // State `state_name` of parameter p: p.numel floats (layout of the parameter itself).
+  virtual std::span<float> state(const std::string& state_name, const nn::ParamInfo& p) = 0;
+};
+
+}  // namespace keel::optim

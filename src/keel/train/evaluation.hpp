@@ -1,0 +1,32 @@
+#pragma once
+// Periodic evaluation on the validation split: every eval_every steps and at the last step.
+#include <cstdint>
+#include <limits>
+
+#include "keel/data/shards.hpp"
+#include "keel/nn/model.hpp"
+#include "keel/train/run_config.hpp"
+#include "keel/train/step.hpp"
+
+namespace keel::train {
+
+// Mean next-token cross-entropy over fixed, evenly spaced windows of `val`: every evaluation of
+// every run sees the same validation tokens.
+double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, const RunConfig& config);
+
+class Evaluation {
+ public:
+  Evaluation(nn::TransformerModel& model, const data::TokenDataset& val, const RunConfig& config)
+      : model_(model), val_(val), config_(config) {}
+  // Evaluates when the step is due: sets step.evaluated and step.val_loss.
+  void maybe_run(StepContext& step);
+  double last() const { return last_; }  // NaN before the first evaluation
+
+ private:
+  nn::TransformerModel& model_;
+  const data::TokenDataset& val_;
+  const RunConfig& config_;
+  double last_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+}  // namespace keel::train

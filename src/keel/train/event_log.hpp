@@ -1,0 +1,23 @@
+#pragma once
+// RUN_DIR/events.jsonl: the run's events (spikes, skips, rollbacks, damaged checkpoints, aborts),
+// one JSON object per line. Never truncated: metrics.jsonl is rewritten after a rollback or a
+// resume, this file keeps what happened.
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace keel::train {
+
+class EventLog {
+ public:
+  // fresh: start an empty file (a new run); otherwise append (a resumed one).
+  EventLog(const std::string& path, bool fresh);
+  void write(const nlohmann::json& event);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace keel::train

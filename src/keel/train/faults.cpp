@@ -1,0 +1,80 @@
+#include "keel/train/faults.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "keel/core/rng.hpp"
+#include "keel/train/checkpoint.hpp"
+#include "keel/train/schedule.hpp"
+
+namespace keel::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kPoisonStream = 0xBAD0DA7Aull;
+
+bool contains(const std::vector<int64_t>& steps, int64_t step) {
+  return std::find(steps.begin(), steps.end(), step) != steps.end();
+}
+
+}  // namespace
+
+FaultPlan::FaultPlan(const RunConfig& c, int64_t vocab_size)
+    : seed_(c.seed), seq_len_(c.seq_len), vocab_size_(vocab_size), nan_grad_steps_(c.nan_grad_steps),
+      damage_pending_(c.corrupt_checkpoint_steps) {
+  // The cursor ranges the listed steps draw in the uninterrupted run.
+  TrainState sim;
+  for (int64_t s = 1; s <= c.steps; ++s) {
+    const int64_t drawn = accumulation_at(c.ramp, c.grad_accum, sim.tokens) * c.sequences;
+    if (contains(c.poison_steps, s)) poisoned_.emplace_back(sim.sequences, sim.sequences + drawn);
+    sim.sequences += drawn;
+    sim.tokens += drawn * c.seq_len;
+  }
+}
+
+bool FaultPlan::poisoned(int64_t cursor) const {
+  for (auto [from, to] : poisoned_) {
+    if (cursor >= from && cursor < to) return true;
+  }
+  return false;
+}
+
+void FaultPlan::poison(int64_t cursor, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) const {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const uint64_t at = static_cast<uint64_t>(cursor * seq_len_) + i;
+    tokens[i] = static_cast<int32_t>(uniform_int_at(seed_, kPoisonStream, 2 * at, static_cast<uint64_t>(vocab_size_)));
+    targets[i] = static_cast<int32_t>(uniform_int_at(seed_, kPoisonStream, 2 * at + 1, static_cast<uint64_t>(vocab_size_)));
+  }
+}
+
+void FaultPlan::after_backward(int64_t step, nn::ParameterStore& store) const {
+  if (contains(nan_grad_steps_, step) && store.size() > 0) store.grads()[static_cast<size_t>(store.size() / 2)] = std::nanf("");
+}
+
+void FaultPlan::after_checkpoint(int64_t step, const std::string& dir) {
+  if (auto it = std::find(damage_pending_.begin(), damage_pending_.end(), step); it != damage_pending_.end()) {
+    damage_pending_.erase(it);
+    damage_checkpoint(dir);
+  }
+}
+
+void damage_checkpoint(const std::string& dir) {
+  std::fstream f(fs::path(dir) / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  if (!f) return;
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<int64_t>(f.tellg());
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t at = size / 2 + i;
+    char c = 0;
+    f.seekg(at);
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+}
+
+}  // namespace keel::train

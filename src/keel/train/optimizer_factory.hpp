@@ -1,0 +1,19 @@
+#pragma once
+// The optimizer a run config's [optimizer] section asks for.
+#include <memory>
+
+#include "keel/nn/model.hpp"
+#include "keel/nn/parameters.hpp"
+#include "keel/optim/optimizer.hpp"
+#include "keel/train/run_config.hpp"
+
+namespace keel::train {
+
+// optimizer = "muon": Muon on the hidden matrices with its AdamW group (betas, eps, weight decay,
+// momentum, scaling, forced patterns from the config); otherwise AdamW on everything.
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& config, const nn::ParameterStore& store);
+// The same for a model, refusing Muon (naming the run config's optimizer.name) for a family
+// whose row does not support it.
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& config, const nn::TransformerModel& model);
+
+}  // namespace keel::train
