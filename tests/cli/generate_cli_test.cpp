@@ -29,7 +29,7 @@ class GenerateCli : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "model");
     tokenizer_ = std::make_unique<data::Tokenizer>(
-        data::train_bpe({"the cat sat on the mat", "the dog sat on the log"}, 270));
+        data::train_bpe("test", {"the cat sat on the mat", "the dog sat on the log"}, 270));
     tokenizer_->save((dir_ / "model" / "tokenizer.json").string());
     arch::LoadedConfig cfg = arch::read_config_file(source_path("configs/tiny/qwen3.json"));
     arch::apply_overrides(cfg.json, {"vocab_size=272"}, cfg.path);

@@ -37,7 +37,7 @@ class HfExport : public ::testing::Test {
     fs::create_directories(dir_);
     // A byte-level BPE tokenizer of 270 ids (256 bytes, 13 merges, <|endoftext|>).
     tokenizer_path_ = (dir_ / "tok.json").string();
-    data::train_bpe({"the cat sat on the mat", "the dog sat on the log", "a cat and a dog"}, 270).save(tokenizer_path_);
+    data::train_bpe("test", {"the cat sat on the mat", "the dog sat on the log", "a cat and a dog"}, 270).save(tokenizer_path_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -1,47 +1,15 @@
 #include "keel/io/model_dir.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "keel/arch/config_file.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::io {
 
 namespace fs = std::filesystem;
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path, "", std::string("cannot create: ") + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(path, "", std::string("write failed: ") + std::strerror(err));
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path, "", std::string("fsync failed: ") + std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path, "", std::string("rename failed: ") + std::strerror(err));
-  }
-}
 
 namespace {
 

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/files.hpp"
 #include "keel/io/safetensors.hpp"
 #include "keel/nn/model.hpp"
 
@@ -27,7 +28,8 @@ void load_weights(const SafetensorsFile& file, nn::TransformerModel& model);
 void save_model_dir(const std::string& dir, const nlohmann::json& config, const nn::TransformerModel& model,
                     DType dtype = DType::F32);
 
-// Writes text to path atomically.
-void write_file_atomic(const std::string& path, const std::string& text);
+// Moved to core/files.hpp; kept under this name until train/trainer.cpp and train/checkpoint.cpp
+// call keel::write_file_atomic themselves.
+using keel::write_file_atomic;
 
 }  // namespace keel::io

@@ -8,6 +8,7 @@
 
 #include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/tokenizer.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
@@ -93,14 +94,6 @@ void check_expressible(const arch::ModelSpec& spec) {
     case arch::Family::Glm4Moe:
       break;  // refused above
   }
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "", "cannot read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The begin-of-text token: Llama 3's, SentencePiece's, Gemma's; GPT-2 and Qwen use the
@@ -210,9 +203,9 @@ ExportResult export_run(const std::string& run_dir, const std::string& out_dir) 
       tensors.push_back({p.name, io::DType::F32, p.shape, store.values().data() + p.offset});
     }
     io::write_safetensors((staging / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    io::write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
-    io::write_file_atomic((staging / "generation_config.json").string(), hf_generation_config(ids).dump(2) + "\n");
-    io::write_file_atomic((staging / "tokenizer.json").string(), read_file(source.tokenizer_path));
+    write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
+    write_file_atomic((staging / "generation_config.json").string(), hf_generation_config(ids).dump(2) + "\n");
+    write_file_atomic((staging / "tokenizer.json").string(), read_file(source.tokenizer_path, "the tokenizer"));
     // rename(2) replaces an empty directory atomically.
     fs::rename(staging, target, ec);
     if (ec) throw Error(out_dir, "", "cannot move the finished export into place: " + ec.message());
