@@ -56,7 +56,7 @@ TEST(TomlSection, ErrorsNameTheFileAndSectionKey) {
       {[](TomlSection& s) { s.integer_or("n", 1); }, "sec.n", "must be at least 1, got 0"},
       {[](TomlSection& s) { s.integer("f"); }, "sec.f", "expected an integer"},
       {[](TomlSection& s) { s.string("s"); }, "sec.s", "expected a string"},
-      {[](TomlSection& s) { s.number("s"); }, "sec.s", "expected a number"},
+      {[](TomlSection& s) { s.number("l"); }, "sec.l", "expected a number"},
       {[](TomlSection& s) { s.boolean("b"); }, "sec.b", "expected true or false"},
       {[](TomlSection& s) { s.strings("l"); }, "sec.l", "expected an array of strings"},
       {[](TomlSection& s) { s.array("n"); }, "sec.n", "expected an array"},
