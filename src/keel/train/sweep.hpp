@@ -11,7 +11,6 @@
 // Paths in the sweep file are relative to its folder; the base run config's own paths (model
 // config, dataset) are read as `keel train` reads them, relative to the working directory.
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
