@@ -21,6 +21,7 @@
 #include "keel/core/rng.hpp"
 #include "keel/data/shards.hpp"
 #include "keel/train/run_dir.hpp"
+#include "keel/train/supervisor.hpp"
 #include "keel/train/sweep.hpp"
 #include "../report/xml_check.hpp"
 

@@ -9,6 +9,7 @@
 
 #include "cli_test_util.hpp"
 #include "keel/arch/config_file.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/tokenizer.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
@@ -29,7 +30,7 @@ class GenerateCli : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "model");
     tokenizer_ = std::make_unique<data::Tokenizer>(
-        data::train_bpe({"the cat sat on the mat", "the dog sat on the log"}, 270));
+        data::train_bpe("test", {"the cat sat on the mat", "the dog sat on the log"}, 270));
     tokenizer_->save((dir_ / "model" / "tokenizer.json").string());
     arch::LoadedConfig cfg = arch::read_config_file(source_path("configs/tiny/qwen3.json"));
     arch::apply_overrides(cfg.json, {"vocab_size=272"}, cfg.path);
@@ -73,11 +74,11 @@ TEST_F(GenerateCli, ExportedRunGeneratesLikeTheRun) {
   const fs::path run = dir_ / "run";
   const fs::path ckpt = run / train::kCheckpointsDir / train::checkpoint_dir_name(10);
   fs::create_directories(ckpt);
-  io::write_file_atomic((run / train::kRunConfigFile).string(),
+  write_file_atomic((run / train::kRunConfigFile).string(),
                         "[data]\ntokenizer = \"" + (dir_ / "model" / "tokenizer.json").string() + "\"\n");
-  io::write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
+  write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
   fs::copy_file(dir_ / "model" / "model.safetensors", ckpt / "model.safetensors");
-  io::write_file_atomic((ckpt / train::kCommitMarker).string(), "");
+  write_file_atomic((ckpt / train::kCommitMarker).string(), "");
 
   CommandResult e = run_keel("export --run " + run.string() + " --out " + (dir_ / "hf").string());
   ASSERT_EQ(e.status, 0) << e.err;

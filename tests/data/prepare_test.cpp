@@ -96,7 +96,7 @@ TEST(Documents, ReadsFilesAndDirectoriesInNameOrder) {
 }
 
 const Tokenizer& small_tokenizer() {
-  static const Tokenizer tok = train_bpe({"the quick brown fox jumps over the lazy dog. the end of the story. "
+  static const Tokenizer tok = train_bpe("test", {"the quick brown fox jumps over the lazy dog. the end of the story. "
                                           "a cat and a dog sat on the mat."},
                                          300);
   return tok;

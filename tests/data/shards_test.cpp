@@ -13,7 +13,7 @@
 
 #include "keel/core/crc32c.hpp"
 #include "keel/core/error.hpp"
-#include "keel/io/model_dir.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::data {
 namespace {
@@ -281,7 +281,7 @@ std::vector<int32_t> write_dataset(const std::string& dir, const std::vector<int
                          {"splits",
                           {{"train", {{"shards", sizes.size()}, {"tokens", all.size()}, {"documents", documents}}},
                            {"val", {{"shards", 0}, {"tokens", 0}, {"documents", 0}}}}}};
-  io::write_file_atomic(dir + "/meta.json", meta.dump(2));
+  write_file_atomic(dir + "/meta.json", meta.dump(2));
   return all;
 }
 

@@ -227,12 +227,12 @@ const std::vector<std::string>& training_texts() {
 }
 
 TEST(TokenizerTraining, SaveLoadRoundTripAndDeterminism) {
-  Tokenizer t = train_bpe(training_texts(), 400);
+  Tokenizer t = train_bpe("test", training_texts(), 400);
   EXPECT_LE(t.vocab_size(), 400);
   EXPECT_GT(t.vocab_size(), 280);  // the repeated pairs were learned
   ASSERT_TRUE(t.eos_id().has_value());
   EXPECT_EQ(*t.eos_id(), t.vocab_size() - 1);  // special tokens take the last ids
-  EXPECT_EQ(train_bpe(training_texts(), 400).to_json(), t.to_json()) << "training is not deterministic";
+  EXPECT_EQ(train_bpe("test", training_texts(), 400).to_json(), t.to_json()) << "training is not deterministic";
 
   const fs::path dir = fs::temp_directory_path() / ("keel_tokenizer_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -257,15 +257,15 @@ TEST(TokenizerTraining, SaveLoadRoundTripAndDeterminism) {
 }
 
 TEST(TokenizerTraining, RejectsABadVocabSize) {
-  EXPECT_THROW(train_bpe(training_texts(), 256), Error);  // no room for <|endoftext|>
-  EXPECT_THROW(train_bpe(training_texts(), 300, {"<a>", "<a>"}), Error);
-  Tokenizer smallest = train_bpe(training_texts(), 257);
+  EXPECT_THROW(train_bpe("test", training_texts(), 256), Error);  // no room for <|endoftext|>
+  EXPECT_THROW(train_bpe("test", training_texts(), 300, {"<a>", "<a>"}), Error);
+  Tokenizer smallest = train_bpe("test", training_texts(), 257);
   EXPECT_EQ(smallest.vocab_size(), 257);
   EXPECT_EQ(smallest.encode("ab").size(), 2u);
 }
 
 TEST(TokenizerDecode, UnknownIdIsAnError) {
-  Tokenizer t = train_bpe(training_texts(), 300);
+  Tokenizer t = train_bpe("test", training_texts(), 300);
   std::vector<int32_t> ids = {0, 1, static_cast<int32_t>(t.vocab_size())};
   EXPECT_THROW(t.decode(ids), Error);
   ids = {-1};
@@ -275,7 +275,7 @@ TEST(TokenizerDecode, UnknownIdIsAnError) {
 // ---------------------------------------------------------------------------------------------
 // Bad files: keel::Error naming the field
 
-json valid_json() { return json::parse(train_bpe(training_texts(), 300).to_json()); }
+json valid_json() { return json::parse(train_bpe("test", training_texts(), 300).to_json()); }
 
 void expect_error(const json& j, const std::string& field, const std::string& reason_part) {
   try {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/core/error.hpp"
+#include "keel/io/sweep_status.hpp"
 #include "keel/report/sweep_report.hpp"
 #include "keel/report/svg.hpp"
 #include "keel/train/sweep.hpp"
@@ -94,13 +95,13 @@ class SweepReport : public ::testing::Test {
     std::ofstream(d / "run.toml") << "[run]\nsteps = 10\n";
     std::ofstream(d / "metrics.jsonl") << metrics;
     if (!events.empty()) std::ofstream(d / "events.jsonl") << events;
-    if (!status.empty()) std::ofstream(d / train::kSweepStatusFile) << status;
+    if (!status.empty()) std::ofstream(d / io::kSweepStatusFile) << status;
   }
 
   RunPlots render() const {
     const train::SweepConfig sweep = train::load_sweep((dir_ / "sweep.toml").string());
     const auto plans = train::plan_sweep(sweep, false);
-    return render_sweep_report(gather_sweep(sweep, plans), {});
+    return render_sweep_report(gather_sweep(train::sweep_report_source(sweep, plans)), {});
   }
   static const PlotFile* find(const RunPlots& p, const std::string& name) {
     for (const auto& f : p.files) {

@@ -14,6 +14,7 @@
 #include "keel/arch/config_file.hpp"
 #include "keel/arch/hf_tensors.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/tokenizer.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
@@ -37,7 +38,7 @@ class HfExport : public ::testing::Test {
     fs::create_directories(dir_);
     // A byte-level BPE tokenizer of 270 ids (256 bytes, 13 merges, <|endoftext|>).
     tokenizer_path_ = (dir_ / "tok.json").string();
-    data::train_bpe({"the cat sat on the mat", "the dog sat on the log", "a cat and a dog"}, 270).save(tokenizer_path_);
+    data::train_bpe("test", {"the cat sat on the mat", "the dog sat on the log", "a cat and a dog"}, 270).save(tokenizer_path_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -66,8 +67,8 @@ class HfExport : public ::testing::Test {
     fs::create_directories(ckpt);
     // An older, incomplete checkpoint must be ignored; so must a newer one without COMMIT.
     fs::create_directories(fs::path(run.dir) / kCheckpointsDir / checkpoint_dir_name(20));
-    io::write_file_atomic((fs::path(run.dir) / kModelConfigFile).string(), cfg.json.dump(2));
-    io::write_file_atomic((fs::path(run.dir) / kRunConfigFile).string(),
+    write_file_atomic((fs::path(run.dir) / kModelConfigFile).string(), cfg.json.dump(2));
+    write_file_atomic((fs::path(run.dir) / kRunConfigFile).string(),
                           "[run]\nsteps = 10\n\n[data]\ndataset = \"data/none\"\n" +
                               (with_tokenizer ? "tokenizer = \"" + tokenizer_path_ + "\"\n" : std::string()));
     std::vector<io::TensorToWrite> tensors;
@@ -75,7 +76,7 @@ class HfExport : public ::testing::Test {
       tensors.push_back({p.name, io::DType::F32, p.shape, store.values().data() + p.offset});
     }
     io::write_safetensors((ckpt / "model.safetensors").string(), tensors);
-    io::write_file_atomic((ckpt / kCommitMarker).string(), "");
+    write_file_atomic((ckpt / kCommitMarker).string(), "");
     return run;
   }
 
@@ -216,7 +217,7 @@ TEST_F(HfExport, RefusesRunsWithoutTokenizerOrCheckpointAndOccupiedTargets) {
   }
   Run ok = make_run("ok", "qwen3.json", {});
   fs::create_directories(dir_ / "occupied");
-  io::write_file_atomic((dir_ / "occupied" / "keep.txt").string(), "x");
+  write_file_atomic((dir_ / "occupied" / "keep.txt").string(), "x");
   EXPECT_THROW(export_run(ok.dir, (dir_ / "occupied").string()), Error);
   EXPECT_EQ(testing::slurp((dir_ / "occupied" / "keep.txt").string()), "x");
   // An empty folder is replaced by the export.

@@ -197,22 +197,5 @@ TEST_F(SweepPlan, BadVariantsAreRefusedBeforeAnythingRuns) {
   }
 }
 
-TEST_F(SweepPlan, StatusComesFromTheMarkerOrTheFolder) {
-  const fs::path run = dir_ / "runs" / "a";
-  EXPECT_EQ(read_variant_status(run.string()).state, VariantState::NotStarted);
-  fs::create_directories(run);
-  std::ofstream(run / "metrics.jsonl") << "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n";
-  VariantStatus s = read_variant_status(run.string());
-  EXPECT_EQ(s.state, VariantState::Partial);
-  EXPECT_EQ(s.steps_done, 2);
-  std::ofstream(run / kSweepStatusFile) << R"({"state":"diverged","exit_code":2,"steps_done":2,"diverged_step":3,"message":"loss non-finite"})";
-  s = read_variant_status(run.string());
-  EXPECT_EQ(s.state, VariantState::Diverged);
-  EXPECT_EQ(s.exit_code, 2);
-  ASSERT_TRUE(s.diverged_step.has_value());
-  EXPECT_EQ(*s.diverged_step, 3);
-  EXPECT_EQ(s.message, "loss non-finite");
-}
-
 }  // namespace
 }  // namespace keel::train

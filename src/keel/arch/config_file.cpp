@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::arch {
 
@@ -41,12 +42,7 @@ LoadedConfig read_config_file(const std::string& path) {
   auto size = fs::file_size(p, ec);
   if (ec) throw Error(file, "", "cannot read the file size: " + ec.message());
   if (size > kMaxConfigBytes) throw Error(file, "", "file is " + std::to_string(size) + " bytes; a config.json is at most 16 MiB");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(file, "", "cannot open the file for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(file, "", "read error");
-  return {file, parse_config_text(text.str(), file)};
+  return {file, parse_config_text(read_file(file, "the config"), file)};
 }
 
 void apply_overrides(nlohmann::json& config, const std::vector<std::string>& overrides,

@@ -1,5 +1,6 @@
 // `keel compare SWEEP.toml`: train the variants of a sweep side by side (resumably) and write its
-// report. The runner is train/sweep.hpp, the report report/sweep_report.hpp.
+// report. The sweep file is train/sweep.hpp, its supervisor train/supervisor.hpp, the report
+// report/sweep_report.hpp.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 #include "keel/cli/commands.hpp"
 #include "keel/core/error.hpp"
 #include "keel/report/sweep_report.hpp"
+#include "keel/train/supervisor.hpp"
 #include "keel/train/sweep.hpp"
 
 namespace keel::cli {
@@ -52,7 +54,8 @@ void register_compare_commands(CLI::App& app) {
       ran = train::run_sweep(sweep, plans, ro);
       if (o->dry_run) return;
     }
-    const report::PlotResult r = report::write_sweep_report(report::gather_sweep(sweep, plans), sweep.report, {});
+    const report::PlotResult r =
+        report::write_sweep_report(report::gather_sweep(train::sweep_report_source(sweep, plans)), sweep.report, {});
     for (const auto& note : r.notes) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
     std::printf("report: %s/index.html (%zu files)\n", sweep.report.c_str(), r.written.size());
     if (!ran.errors.empty()) {

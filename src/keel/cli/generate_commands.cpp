@@ -54,9 +54,9 @@ void register_generate(CLI::App& app) {
       // Name the option the user typed: top_p -> --top-p.
       std::string option = "--" + e.field();
       std::replace(option.begin(), option.end(), '_', '-');
-      throw Error("", option, e.reason());
+      throw Error("keel generate", option, e.reason());
     }
-    if (o->max_new_tokens < 0) throw Error("", "--max-new-tokens", "must be >= 0");
+    if (o->max_new_tokens < 0) throw Error("keel generate", "--max-new-tokens", "must be >= 0");
     const train::ModelSource source = train::resolve_model_source(o->model);
     const std::string tok_path = o->tokenizer.empty() ? source.tokenizer_path : o->tokenizer;
     if (tok_path.empty()) {

@@ -37,12 +37,15 @@ void register_plot(CLI::App& app) {
   cmd->add_flag("--no-html", o->no_html, "do not write index.html");
   cmd->callback([o] {
     if (o->format == "png") {
-      throw Error("", "--format",
+      throw Error("keel plot", "--format",
                   "png is not built in (keel renders SVG without extra libraries); convert the SVGs, e.g. "
                   "rsvg-convert -o loss.png loss.svg");
     }
-    if (o->format != "svg") throw Error("", "--format", "expected svg, got '" + o->format + "'");
-    if (o->max_columns == 0) throw Error("", "--max-columns", "must be >= 1");
+    if (o->format != "svg") throw Error("keel plot", "--format", "expected svg, got '" + o->format + "'");
+    if (o->max_columns == 0) throw Error("keel plot", "--max-columns", "must be >= 1");
+    if (o->run_dirs.size() > 1 && o->out.empty()) {
+      throw Error("keel plot", "--out", "comparing several runs needs an output folder");
+    }
     report::PlotSettings settings;
     settings.max_columns = o->max_columns;
     settings.html = !o->no_html;

@@ -11,21 +11,13 @@
 
 #include "keel/cli/commands.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/documents.hpp"
 #include "keel/data/tokenizer.hpp"
 
 namespace keel::cli {
 
 namespace {
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "", std::string("cannot open: ") + std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw Error(path, "", "read failed");
-  return s.str();
-}
 
 void register_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Encode a text file to token ids (no special tokens added)");
@@ -39,7 +31,7 @@ void register_tokenize(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print {\"ids\": [...]} instead of space-separated ids");
   cmd->callback([o] {
     const data::Tokenizer tok = data::Tokenizer::load(o->tokenizer);
-    const std::vector<int32_t> ids = tok.encode(read_text_file(o->text_file));
+    const std::vector<int32_t> ids = tok.encode(read_file(o->text_file, "the text file"));
     std::string out = o->json ? "{\"ids\": [" : "";
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i) out += o->json ? ", " : " ";
@@ -75,7 +67,7 @@ void register_train(CLI::App& tokenizer) {
       bytes += d.text.size();
       texts.push_back(d.text);
     }
-    const data::Tokenizer tok = data::train_bpe(texts, o->vocab_size, o->special);
+    const data::Tokenizer tok = data::train_bpe("keel tokenizer train", texts, o->vocab_size, o->special);
     tok.save(o->out);
     std::printf("wrote %s: vocabulary %lld from %zu documents (%zu bytes)\n", o->out.c_str(),
                 static_cast<long long>(tok.vocab_size()), docs.size(), bytes);

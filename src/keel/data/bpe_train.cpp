@@ -77,17 +77,17 @@ std::unordered_map<std::string, int64_t> count_words(const std::vector<std::stri
 
 }  // namespace
 
-Tokenizer train_bpe(const std::vector<std::string>& texts, int64_t vocab_size,
+Tokenizer train_bpe(const std::string& source, const std::vector<std::string>& texts, int64_t vocab_size,
                     const std::vector<std::string>& special_tokens) {
   for (std::size_t i = 0; i < special_tokens.size(); ++i) {
-    if (special_tokens[i].empty()) throw Error("", "special_tokens", "a special token is empty");
+    if (special_tokens[i].empty()) throw Error(source, "special_tokens", "a special token is empty");
     for (std::size_t k = 0; k < i; ++k)
       if (special_tokens[k] == special_tokens[i])
-        throw Error("", "special_tokens", "\"" + special_tokens[i] + "\" is listed twice");
+        throw Error(source, "special_tokens", "\"" + special_tokens[i] + "\" is listed twice");
   }
   const int64_t minimum = 256 + static_cast<int64_t>(special_tokens.size());
   if (vocab_size < minimum || vocab_size > (int64_t{1} << 24))
-    throw Error("", "vocab_size",
+    throw Error(source, "vocab_size",
                 std::to_string(vocab_size) + " is outside [" + std::to_string(minimum) +
                     ", 16777216] (256 byte tokens + the special tokens at least)");
 

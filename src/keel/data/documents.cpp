@@ -1,13 +1,11 @@
 #include "keel/data/documents.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::data {
 
@@ -20,15 +18,6 @@ constexpr std::string_view kEndOfText = "<|endoftext|>";
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
 
 bool is_brown_tag_char(char c) { return (c >= 'a' && c <= 'z') || std::strchr("$'()*+,-.:`", c) != nullptr; }
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "", std::string("cannot open the text file: ") + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(path, "", "read error");
-  return text.str();
-}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (is_space(s.front()) || s.front() == '\n')) s.remove_prefix(1);
@@ -112,7 +101,7 @@ std::vector<Document> read_documents(const std::vector<std::string>& paths) {
     std::vector<std::string> texts;
     bool any_brown = false;
     for (const std::string& file : files) {
-      texts.push_back(read_text_file(file));
+      texts.push_back(read_file(file, "the text file"));
       any_brown = any_brown || looks_brown_tagged(texts.back());
     }
     for (size_t i = 0; i < files.size(); ++i) {

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/core/sha256.hpp"
-#include "keel/io/model_dir.hpp"
 
 namespace keel::data {
 
@@ -101,12 +101,12 @@ bool goes_to_val(const std::string& name, double val_fraction) {
 PrepareStats prepare_dataset(const std::vector<Document>& docs, const Tokenizer& tok, const std::string& out_dir,
                              double val_fraction, int64_t shard_tokens, const std::string& tokenizer_path) {
   if (!(val_fraction >= 0.0 && val_fraction <= 1.0)) {
-    throw Error("", "val_fraction", std::to_string(val_fraction) + " is outside [0, 1]");
+    throw Error(out_dir, "val_fraction", std::to_string(val_fraction) + " is outside [0, 1]");
   }
   if (shard_tokens < 1 || shard_tokens > (int64_t{1} << 32)) {
-    throw Error("", "shard_tokens", std::to_string(shard_tokens) + " is outside [1, 2^32]");
+    throw Error(out_dir, "shard_tokens", std::to_string(shard_tokens) + " is outside [1, 2^32]");
   }
-  if (docs.empty()) throw Error("", "documents", "no documents to prepare");
+  if (docs.empty()) throw Error(out_dir, "documents", "no documents to prepare");
   const std::string tokenizer_sha = tokenizer_path.empty() ? sha256_hex(tok.to_json()) : sha256_file_hex(tokenizer_path);
   require_fresh_dir(out_dir);
 
@@ -144,7 +144,7 @@ PrepareStats prepare_dataset(const std::vector<Document>& docs, const Tokenizer&
   }
   train.finish();
   val.finish();
-  if (train.tokens() + val.tokens() == 0) throw Error("", "documents", "the documents hold no text to tokenize");
+  if (train.tokens() + val.tokens() == 0) throw Error(out_dir, "documents", "the documents hold no text to tokenize");
 
   PrepareStats stats;
   stats.documents_train = train.documents();
@@ -175,7 +175,7 @@ PrepareStats prepare_dataset(const std::vector<Document>& docs, const Tokenizer&
                                {"shard_tokens", shard_tokens},
                                {"splits", split_info}};
   // Written last: a directory with meta.json is a complete dataset.
-  io::write_file_atomic((fs::path(out_dir) / "meta.json").string(), meta.dump(2) + "\n");
+  write_file_atomic((fs::path(out_dir) / "meta.json").string(), meta.dump(2) + "\n");
   return stats;
 }
 

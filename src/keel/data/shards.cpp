@@ -10,12 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "keel/core/crc32c.hpp"
 #include "keel/core/error.hpp"
-#include "keel/io/model_dir.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::data {
 
@@ -113,7 +111,7 @@ std::string encode_shard(std::span<const int32_t> tokens, std::span<const int64_
 
 void write_shard(const std::string& path, std::span<const int32_t> tokens, std::span<const int64_t> document_starts,
                  int token_bytes) {
-  io::write_file_atomic(path, encode_shard(tokens, document_starts, token_bytes, path));
+  write_file_atomic(path, encode_shard(tokens, document_starts, token_bytes, path));
 }
 
 TokenShard TokenShard::open(const std::string& path) {
@@ -276,11 +274,8 @@ std::string shard_path(const std::string& dir, const std::string& split, int64_t
 namespace {
 
 nlohmann::json read_meta(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "", "cannot open the dataset's meta.json (not a prepared dataset directory?)");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json meta = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const std::string text = read_file(path, "the dataset's meta.json (not a prepared dataset directory?)");
+  nlohmann::json meta = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object()) throw Error(path, "", "not a JSON object");
   return meta;
 }

@@ -1,21 +1,16 @@
 #include "keel/data/tokenizer.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/byte_level.hpp"
 #include "keel/data/pre_tokenizer.hpp"
 #include "keel/data/unicode.hpp"
@@ -470,12 +465,7 @@ Tokenizer Tokenizer::parse(std::string_view text, const std::string& origin) {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "", std::string("cannot open: ") + std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw Error(path, "", "read failed");
-  return parse(buffer.str(), path);
+  return parse(read_file(path, "the tokenizer"), path);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -659,7 +649,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= impl_->vocab_size || !impl_->id_used[id])
-      throw Error("", "ids", "token id " + std::to_string(id) + " is not in the vocabulary");
+      throw Error(impl_->origin, "ids", "token id " + std::to_string(id) + " is not in the vocabulary");
     out += impl_->id_bytes[id];
   }
   return out;
@@ -729,28 +719,6 @@ std::string Tokenizer::to_json() const {
   return out;
 }
 
-void Tokenizer::save(const std::string& path) const {
-  const std::string text = to_json();
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path, "", std::string("cannot create: ") + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < text.size()) {
-    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(path, "", std::string("write failed: ") + std::strerror(err));
-    }
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path, "", std::string("cannot write: ") + std::strerror(err));
-  }
-}
+void Tokenizer::save(const std::string& path) const { write_file_atomic(path, to_json()); }
 
 }  // namespace keel::data

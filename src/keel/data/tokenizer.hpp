@@ -30,7 +30,8 @@ class Tokenizer {
   // Any bytes are accepted: invalid UTF-8 is encoded byte by byte, so decode(encode(x)) == x.
   std::vector<int32_t> encode(std::string_view text) const;
   // The bytes of the tokens, concatenated (not repaired into valid UTF-8: a cut in the middle of
-  // a character stays cut). An id outside the vocabulary: keel::Error("", "ids", reason).
+  // a character stays cut). An id outside the vocabulary: keel::Error(<the tokenizer's file>, "ids",
+  // reason).
   std::string decode(std::span<const int32_t> ids) const;
 
   int64_t vocab_size() const;  // max id + 1 over the model vocab and the added tokens
@@ -57,8 +58,10 @@ class Tokenizer {
 // GPT-4-style pre-tokenizer regex, then merges of the most frequent adjacent pair, ties broken
 // by the smaller (left id, right id), until vocab_size is reached or no pair occurs twice.
 // Special tokens are never split or merged into; they take the last ids. Deterministic: the same
-// texts give the same tokenizer. vocab_size < 256 + special tokens: keel::Error.
-Tokenizer train_bpe(const std::vector<std::string>& texts, int64_t vocab_size,
+// texts give the same tokenizer. vocab_size < 256 + special tokens, an empty or repeated special
+// token: keel::Error(source, "vocab_size" / "special_tokens", reason), `source` naming where the
+// settings came from (the tokenizer being written, a test).
+Tokenizer train_bpe(const std::string& source, const std::vector<std::string>& texts, int64_t vocab_size,
                     const std::vector<std::string>& special_tokens = {"<|endoftext|>"});
 
 }  // namespace keel::data

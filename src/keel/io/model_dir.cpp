@@ -1,66 +1,37 @@
 #include "keel/io/model_dir.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "keel/arch/config_file.hpp"
+#include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::io {
 
 namespace fs = std::filesystem;
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path, "", std::string("cannot create: ") + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(path, "", std::string("write failed: ") + std::strerror(err));
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path, "", std::string("fsync failed: ") + std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path, "", std::string("rename failed: ") + std::strerror(err));
-  }
-}
-
 namespace {
 
-// GPT-2 checkpoints exist with and without the "transformer." prefix; keel's names carry it.
+// Some checkpoints spell names without the family's leading module (GPT-2 with and without
+// "transformer."); keel's names carry it. The head sits outside that module.
 std::string canonical_name(const std::string& name, const nn::TransformerModel& model) {
-  if (model.spec().family == arch::Family::Gpt2 && name.rfind("transformer.", 0) != 0 && name != "lm_head.weight") {
-    return "transformer." + name;
-  }
+  const arch::FamilyRow& row = arch::family_row(model.spec());
+  const std::string_view prefix = row.optional_prefix;
+  const std::string head = arch::tensor_name(*row.names, {arch::TensorKind::LmHead});
+  if (!prefix.empty() && !name.starts_with(prefix) && name != head) return std::string(prefix) + name;
   return name;
 }
 
-// Tensors a real checkpoint may hold that are not parameters: GPT-2's causal-mask buffers and a
-// copy of a tied head.
+// Tensors a real checkpoint may hold that are not parameters: the family's buffers (GPT-2's
+// causal masks) and a copy of a tied head.
 bool ignorable(const std::string& name, const nn::TransformerModel& model) {
-  if (model.spec().family == arch::Family::Gpt2 &&
-      (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"))) {
-    return true;
+  const arch::FamilyRow& row = arch::family_row(model.spec());
+  for (std::string_view ending : row.ignored_buffers) {
+    if (!ending.empty() && name.ends_with(ending)) return true;
   }
-  return name == "lm_head.weight" && model.spec().tie_word_embeddings;
+  return model.spec().tie_word_embeddings && name == arch::tensor_name(*row.names, {arch::TensorKind::LmHead});
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {

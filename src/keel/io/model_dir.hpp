@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/files.hpp"
 #include "keel/io/safetensors.hpp"
 #include "keel/nn/model.hpp"
 
@@ -26,8 +27,5 @@ void load_weights(const SafetensorsFile& file, nn::TransformerModel& model);
 // Writes DIR/config.json and DIR/model.safetensors, each atomically (temp file, fsync, rename).
 void save_model_dir(const std::string& dir, const nlohmann::json& config, const nn::TransformerModel& model,
                     DType dtype = DType::F32);
-
-// Writes text to path atomically.
-void write_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace keel::io

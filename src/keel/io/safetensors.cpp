@@ -17,6 +17,7 @@
 
 #include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::io {
 
@@ -521,19 +522,6 @@ class TempFile {
   bool committed_ = false;
 };
 
-// Makes the rename itself durable: a directory entry survives a crash only once the
-// directory is synced.
-void sync_directory(const std::string& target) {
-  std::string dir = std::filesystem::path(target).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw Error(target, "", "cannot open directory " + dir + " to sync it: " + errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(target, "", "fsync of directory " + dir + " failed: " + errno_text(err));
-}
-
 }  // namespace
 
 std::string encode_safetensors(const std::vector<TensorToWrite>& tensors, const nlohmann::json& metadata,
@@ -553,7 +541,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     emit_data(tensors, [&](const void* data, size_t size) { tmp.write(data, size); });
     tmp.commit();
   }
-  sync_directory(path);
+  fsync_parent_directory(path);  // the rename itself survives a crash
 }
 
 }  // namespace keel::io

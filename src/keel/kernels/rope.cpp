@@ -12,16 +12,16 @@ namespace keel::kernels {
 
 namespace {
 
-double scaling_number(const nlohmann::json& s, const char* key) {
+double scaling_number(const nlohmann::json& s, const std::string& source, const char* key) {
   if (!s.contains(key) || !s[key].is_number())
-    throw Error("", "rope_scaling", std::string("missing numeric field '") + key + "'");
+    throw Error(source, "rope_scaling", std::string("missing numeric field '") + key + "'");
   return s[key].get<double>();
 }
 
 // An optional numeric field; null, absent and 0 all read as `fallback` (HF's `get(k) or default`).
-double scaling_number_or(const nlohmann::json& s, const char* key, double fallback) {
+double scaling_number_or(const nlohmann::json& s, const std::string& source, const char* key, double fallback) {
   if (!s.contains(key) || s[key].is_null()) return fallback;
-  if (!s[key].is_number()) throw Error("", "rope_scaling", std::string("field '") + key + "' must be a number");
+  if (!s[key].is_number()) throw Error(source, "rope_scaling", std::string("field '") + key + "' must be a number");
   const double v = s[key].get<double>();
   return v == 0.0 ? fallback : v;
 }
@@ -38,30 +38,30 @@ std::string scaling_type(const nlohmann::json& rope_scaling) {
 
 double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
 
-double rope_attention_factor(const nlohmann::json& rope_scaling) {
+double rope_attention_factor(const nlohmann::json& rope_scaling, const std::string& source) {
   if (scaling_type(rope_scaling) != "yarn") return 1.0;
-  const double factor = scaling_number(rope_scaling, "factor");
+  const double factor = scaling_number(rope_scaling, source, "factor");
   if (rope_scaling.contains("attention_factor") && !rope_scaling["attention_factor"].is_null())
-    return scaling_number(rope_scaling, "attention_factor");
-  const double mscale = scaling_number_or(rope_scaling, "mscale", 0.0);
-  const double mscale_all_dim = scaling_number_or(rope_scaling, "mscale_all_dim", 0.0);
+    return scaling_number(rope_scaling, source, "attention_factor");
+  const double mscale = scaling_number_or(rope_scaling, source, "mscale", 0.0);
+  const double mscale_all_dim = scaling_number_or(rope_scaling, source, "mscale_all_dim", 0.0);
   if (mscale != 0.0 && mscale_all_dim != 0.0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
   return yarn_mscale(factor, 1.0);
 }
 
 std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohmann::json& rope_scaling,
-                                  int64_t max_positions) {
+                                  int64_t max_positions, const std::string& source) {
   if (rotary_dim <= 0 || rotary_dim % 2 != 0)
-    throw Error("", "rotary_dim", "must be positive and even, got " + std::to_string(rotary_dim));
+    throw Error(source, "rotary_dim", "must be positive and even, got " + std::to_string(rotary_dim));
   const int64_t half = rotary_dim / 2;
   std::vector<double> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv[size_t(i)] = std::pow(theta, -double(2 * i) / double(rotary_dim));
   if (rope_scaling.is_null()) return inv;
-  if (!rope_scaling.is_object()) throw Error("", "rope_scaling", "must be an object or null");
+  if (!rope_scaling.is_object()) throw Error(source, "rope_scaling", "must be an object or null");
   const std::string type = scaling_type(rope_scaling);
   if (type == "default") return inv;
   if (type == "linear") {
-    const double factor = scaling_number(rope_scaling, "factor");
+    const double factor = scaling_number(rope_scaling, source, "factor");
     for (double& f : inv) f /= factor;
     return inv;
   }
@@ -69,10 +69,10 @@ std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohma
     // transformers modeling_rope_utils._compute_llama3_parameters: wavelengths longer than
     // old_ctx/low_freq_factor are slowed by `factor`, shorter than old_ctx/high_freq_factor are
     // kept, and those between interpolate linearly in old_ctx/wavelen.
-    const double factor = scaling_number(rope_scaling, "factor");
-    const double low = scaling_number(rope_scaling, "low_freq_factor");
-    const double high = scaling_number(rope_scaling, "high_freq_factor");
-    const double old_ctx = scaling_number(rope_scaling, "original_max_position_embeddings");
+    const double factor = scaling_number(rope_scaling, source, "factor");
+    const double low = scaling_number(rope_scaling, source, "low_freq_factor");
+    const double high = scaling_number(rope_scaling, source, "high_freq_factor");
+    const double old_ctx = scaling_number(rope_scaling, source, "original_max_position_embeddings");
     const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
     for (double& f : inv) {
       const double wavelen = 2.0 * std::numbers::pi / f;
@@ -92,13 +92,13 @@ std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohma
     // DeepSeek-V3 §4.3): dims that rotate fewer than beta_slow times over the original context
     // are interpolated (f / factor), those rotating more than beta_fast times are kept, and a
     // linear ramp over the (truncated) correction dims blends the two.
-    const double factor = scaling_number(rope_scaling, "factor");
-    const double beta_fast = scaling_number_or(rope_scaling, "beta_fast", 32.0);
-    const double beta_slow = scaling_number_or(rope_scaling, "beta_slow", 1.0);
-    const double original = scaling_number_or(rope_scaling, "original_max_position_embeddings",
+    const double factor = scaling_number(rope_scaling, source, "factor");
+    const double beta_fast = scaling_number_or(rope_scaling, source, "beta_fast", 32.0);
+    const double beta_slow = scaling_number_or(rope_scaling, source, "beta_slow", 1.0);
+    const double original = scaling_number_or(rope_scaling, source, "original_max_position_embeddings",
                                               static_cast<double>(max_positions));
     if (!(original > 0.0))
-      throw Error("", "rope_scaling", "yarn needs original_max_position_embeddings (or max_position_embeddings)");
+      throw Error(source, "rope_scaling", "yarn needs original_max_position_embeddings (or max_position_embeddings)");
     const bool truncate = !(rope_scaling.contains("truncate") && rope_scaling["truncate"].is_boolean() &&
                             !rope_scaling["truncate"].get<bool>());
     const double dim = static_cast<double>(rotary_dim);
@@ -121,13 +121,14 @@ std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohma
     }
     return inv;
   }
-  throw Error("", "rope_scaling", "unsupported type '" + type + "' (supported: default, linear, llama3, yarn)");
+  throw Error(source, "rope_scaling", "unsupported type '" + type + "' (supported: default, linear, llama3, yarn)");
 }
 
-RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_positions, const nlohmann::json& rope_scaling) {
-  const std::vector<double> inv = rope_inv_freq(theta, rotary_dim, rope_scaling, max_positions);
-  const double attention_factor = rope_attention_factor(rope_scaling);
-  if (max_positions <= 0) throw Error("", "max_position_embeddings", "must be positive");
+RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_positions, const nlohmann::json& rope_scaling,
+                          const std::string& source) {
+  const std::vector<double> inv = rope_inv_freq(theta, rotary_dim, rope_scaling, max_positions, source);
+  const double attention_factor = rope_attention_factor(rope_scaling, source);
+  if (max_positions <= 0) throw Error(source, "max_position_embeddings", "must be positive");
   RopeTable t;
   t.rotary_dim = rotary_dim;
   t.max_positions = max_positions;

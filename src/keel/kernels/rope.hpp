@@ -3,6 +3,7 @@
 // DeepSeek's rope_interleave (see RopeTable::interleave).
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <vector>
 
 namespace keel::kernels {
@@ -24,17 +25,19 @@ struct RopeTable {
 // (inv_freq / factor), "llama3" (transformers' _compute_llama3_parameters) or "yarn"
 // (_compute_yarn_parameters; its original_max_position_embeddings defaults to max_positions).
 // Any other type throws keel::Error(field "rope_scaling").
-RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_positions, const nlohmann::json& rope_scaling);
+// Errors (keel::Error, field "rope_scaling"/"rotary_dim") name `source`, the config it came from.
+RopeTable make_rope_table(double theta, int64_t rotary_dim, int64_t max_positions, const nlohmann::json& rope_scaling,
+                          const std::string& source = "rope_scaling");
 
 // The inverse frequencies make_rope_table uses, (rotary_dim/2); exposed for tests and reports.
 // max_positions only matters for yarn without original_max_position_embeddings.
 std::vector<double> rope_inv_freq(double theta, int64_t rotary_dim, const nlohmann::json& rope_scaling,
-                                  int64_t max_positions = 0);
+                                  int64_t max_positions = 0, const std::string& source = "rope_scaling");
 
 // YaRN's factor on cos and sin (transformers _compute_yarn_parameters: attention_factor, else
 // mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are set, else
 // mscale(factor)); 1 for every other scaling type.
-double rope_attention_factor(const nlohmann::json& rope_scaling);
+double rope_attention_factor(const nlohmann::json& rope_scaling, const std::string& source = "rope_scaling");
 
 // YaRN's get_mscale: 0.1·m·ln(scale) + 1 for scale > 1, else 1 (DeepSeek-V3 §4.3).
 double yarn_mscale(double scale, double m);

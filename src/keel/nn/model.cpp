@@ -166,7 +166,7 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
     positions_ = store_.add(names, {TensorKind::PositionEmbedding}, {spec.max_position_embeddings, h});
   } else {
     rope_ = kernels::make_rope_table(spec.attention.rope.theta, spec.attention.rope.rotary_dim,
-                                     spec.max_position_embeddings, spec.attention.rope.scaling);
+                                     spec.max_position_embeddings, spec.attention.rope.scaling, spec.source);
     rope_.interleave = spec.attention.rope.interleave;  // only MLA configs set rope_interleave
   }
   const kernels::RopeTable* rope = spec.attention.learned_positions ? nullptr : &rope_;

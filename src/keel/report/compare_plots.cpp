@@ -9,9 +9,9 @@
 #include <sstream>
 
 #include "keel/core/error.hpp"
-#include "keel/io/model_dir.hpp"
+#include "keel/core/files.hpp"
+#include "keel/io/run_dir.hpp"
 #include "keel/report/svg.hpp"
-#include "keel/train/run_dir.hpp"
 
 namespace keel::report {
 
@@ -200,7 +200,7 @@ RunSummary summarize(const RunMetrics& m) {
 }
 
 RunPlots render_comparison(const std::vector<ComparedRun>& runs, const PlotSettings& settings) {
-  if (runs.empty()) throw Error("", "runs", "nothing to compare");
+  if (runs.empty()) throw Error("keel plot", "RUN_DIR", "nothing to compare");
   std::set<std::string> names;
   for (const auto& r : runs) {
     if (!names.insert(r.name).second) throw Error(r.metrics.path, "", "two runs are named '" + r.name + "'; names must differ");
@@ -240,13 +240,13 @@ RunPlots render_comparison(const std::vector<ComparedRun>& runs, const PlotSetti
 }
 
 PlotResult plot_comparison(const std::vector<std::string>& run_dirs, const std::string& out_dir, PlotSettings settings) {
-  if (out_dir.empty()) throw Error("", "--out", "comparing several runs needs an output folder");
+  KEEL_CHECK(!out_dir.empty());  // the command line asks for --out
   std::vector<ComparedRun> runs;
   for (const auto& dir : run_dirs) {
     if (!fs::is_directory(dir)) throw Error(dir, "", "not a folder (expected a run folder of `keel train`)");
     ComparedRun r;
     r.name = run_name_of(dir);
-    r.metrics = read_metrics((fs::path(dir) / train::kMetricsFile).string());
+    r.metrics = read_metrics((fs::path(dir) / io::kMetricsFile).string());
     r.qk_clip_tau = read_qk_clip_tau(dir);
     runs.push_back(std::move(r));
   }

@@ -59,7 +59,7 @@ RunSummary summarize(const RunMetrics& m);
 RunPlots render_comparison(const std::vector<ComparedRun>& runs, const PlotSettings& settings);
 
 // Reads each RUN_DIR's metrics.jsonl (names from the folder names), renders everything, then
-// writes each file atomically into out_dir.
+// writes each file atomically into out_dir (not empty).
 PlotResult plot_comparison(const std::vector<std::string>& run_dirs, const std::string& out_dir,
                            PlotSettings settings = {});
 

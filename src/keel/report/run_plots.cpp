@@ -14,8 +14,8 @@
 #include <toml++/toml.h>
 
 #include "keel/core/error.hpp"
-#include "keel/io/model_dir.hpp"
-#include "keel/train/run_dir.hpp"
+#include "keel/core/files.hpp"
+#include "keel/io/run_dir.hpp"
 
 namespace keel::report {
 
@@ -320,7 +320,7 @@ std::string run_name_of(const std::string& run_dir) {
 }
 
 double read_qk_clip_tau(const std::string& run_dir) {
-  const fs::path toml_path = fs::path(run_dir) / train::kRunConfigFile;
+  const fs::path toml_path = fs::path(run_dir) / io::kRunConfigFile;
   if (!fs::exists(toml_path)) return 0;
   // The plots do not need run.toml: a config this keel cannot read only loses the τ line.
   try {
@@ -450,21 +450,12 @@ std::vector<RunEvent> parse_events(std::string_view text, const std::string& pat
 std::optional<std::vector<RunEvent>> read_events(const std::string& run_dir) {
   const fs::path path = fs::path(run_dir) / "events.jsonl";
   if (!fs::exists(path)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string(), "", "cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_events(text.str(), path.string());
+  return parse_events(read_file(path.string(), "the events file"), path.string());
 }
 
 RunMetrics read_metrics(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(path, "", fs::exists(path) ? "cannot be read" : "does not exist (is this a run folder of `keel train`?)");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_metrics(text.str(), path);
+  if (!fs::exists(path)) throw Error(path, "", "does not exist (is this a run folder of `keel train`?)");
+  return parse_metrics(read_file(path, "the metrics file"), path);
 }
 
 Heatmap max_logit_heatmap(const RunMetrics& m, const PlotSettings& settings) {
@@ -639,7 +630,7 @@ RunPlots render_run_plots(const RunMetrics& m, const PlotSettings& settings) {
 
 PlotResult plot_run(const std::string& run_dir, const std::string& out_dir, PlotSettings settings) {
   if (!fs::is_directory(run_dir)) throw Error(run_dir, "", "not a folder (expected a run folder of `keel train`)");
-  const RunMetrics m = read_metrics((fs::path(run_dir) / train::kMetricsFile).string());
+  const RunMetrics m = read_metrics((fs::path(run_dir) / io::kMetricsFile).string());
   if (settings.run_name.empty()) settings.run_name = run_name_of(run_dir);
   if (settings.qk_clip_tau <= 0) settings.qk_clip_tau = read_qk_clip_tau(run_dir);
   // Everything is rendered before anything is written: bad input leaves no files behind.
@@ -655,7 +646,7 @@ PlotResult write_plots(const RunPlots& plots, const std::string& out_dir) {
   r.notes = plots.notes;
   for (const auto& f : plots.files) {
     const std::string path = (fs::path(out_dir) / f.name).string();
-    io::write_file_atomic(path, f.content);
+    write_file_atomic(path, f.content);
     r.written.push_back(path);
   }
   return r;

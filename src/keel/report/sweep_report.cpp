@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "keel/core/error.hpp"
-#include "keel/io/model_dir.hpp"
+#include "keel/core/files.hpp"
+#include "keel/io/run_dir.hpp"
 #include "keel/report/svg.hpp"
-#include "keel/train/run_dir.hpp"
 
 namespace keel::report {
 
@@ -115,7 +115,7 @@ std::string join_overrides(const std::vector<std::string>& items) {
 }
 
 std::string status_text(const SweepVariantData& v, const SweepRow& row) {
-  using train::VariantState;
+  using io::VariantState;
   switch (v.status.state) {
     case VariantState::Finished: return "finished";
     case VariantState::Diverged: return "diverged";
@@ -193,14 +193,14 @@ SweepRow summarize_variant(const SweepVariantData& v) {
   }
   if (abort_step) {
     r.diverged_step = abort_step;
-  } else if (v.status.state != train::VariantState::Finished) {
+  } else if (v.status.state != io::VariantState::Finished) {
     if (v.metrics) {
       for (size_t i = 0; i < v.metrics->loss.size() && !r.diverged_step; ++i) {
         if (!std::isfinite(v.metrics->loss.value[i])) r.diverged_step = v.metrics->loss.step[i];
       }
     }
     if (!r.diverged_step && v.status.diverged_step) r.diverged_step = static_cast<double>(*v.status.diverged_step);
-    if (!r.diverged_step && v.status.state == train::VariantState::Diverged) r.diverged_step = r.steps + 1;
+    if (!r.diverged_step && v.status.state == io::VariantState::Diverged) r.diverged_step = r.steps + 1;
   }
   return r;
 }
@@ -214,7 +214,7 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
   for (size_t i = 0; i < in.variants.size(); ++i) {
     const SweepVariantData& v = in.variants[i];
     rows.push_back(summarize_variant(v));
-    if (!v.status.message.empty() && v.status.state != train::VariantState::Finished) {
+    if (!v.status.message.empty() && v.status.state != io::VariantState::Finished) {
       notes.push_back(v.name + ": " + v.status.message);
     }
     if (!v.metrics) continue;
@@ -352,30 +352,24 @@ RunPlots render_sweep_report(const SweepReportInput& in, const PlotSettings& set
   return out;
 }
 
-SweepReportInput gather_sweep(const train::SweepConfig& sweep, const std::vector<train::VariantPlan>& plans) {
+SweepReportInput gather_sweep(const SweepReportSource& sweep) {
   SweepReportInput in;
-  in.title = sweep.name;
+  in.title = sweep.title;
   in.description = sweep.description;
   in.source = sweep.source;
   in.base = sweep.base;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    const train::VariantPlan& p = plans[i];
+  for (const SweepVariantSource& p : sweep.variants) {
     SweepVariantData v;
     v.name = p.name;
+    v.description = p.description;
     v.run_dir = p.run_dir;
-    v.overrides = p.display;
-    for (const auto& sv : sweep.variants) {
-      if (sv.name == p.name) v.description = sv.description;
-    }
-    v.status = train::read_variant_status(p.run_dir);
-    const fs::path metrics_path = fs::path(p.run_dir) / train::kMetricsFile;
+    v.overrides = p.overrides;
+    v.status = io::read_variant_status(p.run_dir);
+    const fs::path metrics_path = fs::path(p.run_dir) / io::kMetricsFile;
     if (fs::exists(metrics_path)) {
-      std::ifstream f(metrics_path, std::ios::binary);
-      std::ostringstream text;
-      text << f.rdbuf();
       // A run that stopped before its first step has an empty metrics file, and one starting right
       // now may hold only part of its first line: no data yet, not an error.
-      const std::string t = text.str();
+      const std::string t = read_file(metrics_path.string(), "a metrics file");
       const size_t brace = t.find('{');
       if (brace != std::string::npos && t.find('\n', brace) != std::string::npos) v.metrics = parse_metrics(t, metrics_path.string());
     }

@@ -11,7 +11,7 @@
 
 #include "keel/report/compare_plots.hpp"
 #include "keel/report/run_plots.hpp"
-#include "keel/train/sweep.hpp"
+#include "keel/io/sweep_status.hpp"
 
 namespace keel::report {
 
@@ -23,7 +23,7 @@ struct SweepVariantData {
   std::optional<RunMetrics> metrics;   // none: not a single step recorded
   std::vector<RunEvent> events;        // events.jsonl, else the `events` of metrics.jsonl
   bool events_file = false;            // events came from events.jsonl (authoritative)
-  train::VariantStatus status;         // sweep_status.json, or what the folder shows
+  io::VariantStatus status;             // sweep_status.json, or what the folder shows
   double qk_clip_tau = 0;
 };
 
@@ -56,9 +56,22 @@ struct SweepReportInput {
 // activation_rms_<variant>.svg per variant with the data, and index.html.
 RunPlots render_sweep_report(const SweepReportInput& input, const PlotSettings& settings);
 
+// What gather_sweep reads: the sweep's header and each variant's folder (train::sweep_report_source
+// makes it from a planned sweep).
+struct SweepVariantSource {
+  std::string name, description;
+  std::string run_dir;
+  std::vector<std::string> overrides;  // the variant's own overrides, as written in the sweep
+};
+struct SweepReportSource {
+  std::string title, description;
+  std::string source, base;  // sweep file and base run config
+  std::vector<SweepVariantSource> variants;
+};
+
 // Reads every variant's run folder (metrics.jsonl, events.jsonl, sweep_status.json, run.toml).
 // A folder without metrics lines is a variant with no data, not an error.
-SweepReportInput gather_sweep(const train::SweepConfig& sweep, const std::vector<train::VariantPlan>& plans);
+SweepReportInput gather_sweep(const SweepReportSource& sweep);
 
 // Renders everything, then writes each file atomically into out_dir; returns the paths.
 PlotResult write_sweep_report(const SweepReportInput& input, const std::string& out_dir, const PlotSettings& settings);

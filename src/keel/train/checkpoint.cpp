@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
 #include "keel/train/run_dir.hpp"
@@ -39,14 +40,6 @@ void fsync_path(const fs::path& p) {
     ::fsync(fd);
     ::close(fd);
   }
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw Error(p.string(), "", "cannot open");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // Keeps the newest `keep` complete checkpoints; drops leftovers of interrupted saves.
@@ -86,13 +79,13 @@ void CheckpointWriter::write(const std::string& dir) const {
   for (const File& f : files_) io::write_safetensors((fs::path(dir) / f.name).string(), f.tensors, f.metadata);
   nlohmann::json st = state_;
   st["checksums"] = checksums_;
-  io::write_file_atomic((fs::path(dir) / "state.json").string(), st.dump(1) + "\n");
+  write_file_atomic((fs::path(dir) / "state.json").string(), st.dump(1) + "\n");
 }
 
 CheckpointReader::CheckpointReader(const std::string& dir)
     : dir_(dir), state_path_((fs::path(dir) / "state.json").string()) {
   try {
-    state_ = nlohmann::json::parse(read_text(state_path_));
+    state_ = nlohmann::json::parse(read_file(state_path_, "the checkpoint's state"));
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointCorrupt(state_path_, "", std::string("corrupt checkpoint state: ") + e.what());
   }
@@ -164,7 +157,7 @@ std::string Checkpoint::save(const std::string& run_dir, int64_t step, int64_t k
     fs::rename(tmp, final_dir, ec);
     if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
     fsync_path(root);
-    io::write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
+    write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
     fsync_path(final_dir);
   } catch (...) {
     fs::remove_all(tmp, ec);

@@ -8,6 +8,7 @@
 
 #include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/tokenizer.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
@@ -23,25 +24,32 @@ namespace {
 
 json id_or_null(const std::optional<int32_t>& id) { return id ? json(*id) : json(nullptr); }
 
+// Qwen2/Qwen3 config fields for full attention in every layer: sliding_window stays null while
+// use_sliding_window is off.
+void full_attention_layers(json& c, const arch::ModelSpec& spec) {
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  c["max_window_layers"] = spec.num_layers;
+  c["layer_types"] = json::array();
+  for (int64_t l = 0; l < spec.num_layers; ++l) c["layer_types"].push_back("full_attention");
+}
+
 // Refuses what transformers' class for this family cannot express. Checked from the spec, so a
 // variant reached through any route (keel object, --set) is caught.
 void check_expressible(const arch::ModelSpec& spec) {
   const std::string& src = spec.source;
   const std::string family(arch::to_string(spec.family));
   const auto& a = spec.attention;
-  switch (spec.family) {
-    case arch::Family::Llama:
-    case arch::Family::Qwen2:
-    case arch::Family::Qwen3:
-      break;
-    case arch::Family::Gpt2:
-    case arch::Family::Mistral:
-    case arch::Family::Qwen3Moe:
-    case arch::Family::Mixtral:
-    case arch::Family::DeepseekV3:
-    case arch::Family::KimiK2:
-    case arch::Family::Glm4Moe:
-      throw Error(src, "model_type", "export supports llama, qwen2 and qwen3, not " + spec.model_type);
+  if (!arch::family_row(spec).supports.export_hf) {
+    std::vector<std::string> names;
+    for (const arch::FamilyRow& row : arch::family_table()) {
+      if (row.supports.export_hf) names.emplace_back(row.model_type);
+    }
+    std::string list;
+    for (size_t i = 0; i < names.size(); ++i) {
+      list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+    }
+    throw Error(src, "model_type", "export supports " + list + ", not " + spec.model_type);
   }
   if (spec.placement != arch::NormPlacement::Pre) {
     throw Error(src, "keel.norm_placement",
@@ -95,14 +103,6 @@ void check_expressible(const arch::ModelSpec& spec) {
   }
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "", "cannot read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The begin-of-text token: Llama 3's, SentencePiece's, Gemma's; GPT-2 and Qwen use the
 // end-of-text token for both.
 std::optional<int32_t> bos_id(const data::Tokenizer& tok) {
@@ -146,17 +146,13 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
       c["mlp_bias"] = spec.mlp.bias;
       c["pretraining_tp"] = 1;
       break;
-    case arch::Family::Qwen2:
-    case arch::Family::Qwen3: {
-      // Full attention in every layer: sliding_window stays null while use_sliding_window is off.
-      if (spec.family == arch::Family::Qwen3) c["attention_bias"] = a.qkv_bias;
-      c["use_sliding_window"] = false;
-      c["sliding_window"] = nullptr;
-      c["max_window_layers"] = spec.num_layers;
-      c["layer_types"] = json::array();
-      for (int64_t l = 0; l < spec.num_layers; ++l) c["layer_types"].push_back("full_attention");
+    case arch::Family::Qwen3:
+      c["attention_bias"] = a.qkv_bias;  // Qwen3Config has the switch; Qwen2's q/k/v biases are fixed
+      full_attention_layers(c, spec);
       break;
-    }
+    case arch::Family::Qwen2:
+      full_attention_layers(c, spec);
+      break;
     case arch::Family::Gpt2:
     case arch::Family::Mistral:
     case arch::Family::Qwen3Moe:
@@ -210,9 +206,9 @@ ExportResult export_run(const std::string& run_dir, const std::string& out_dir) 
       tensors.push_back({p.name, io::DType::F32, p.shape, store.values().data() + p.offset});
     }
     io::write_safetensors((staging / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    io::write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
-    io::write_file_atomic((staging / "generation_config.json").string(), hf_generation_config(ids).dump(2) + "\n");
-    io::write_file_atomic((staging / "tokenizer.json").string(), read_file(source.tokenizer_path));
+    write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
+    write_file_atomic((staging / "generation_config.json").string(), hf_generation_config(ids).dump(2) + "\n");
+    write_file_atomic((staging / "tokenizer.json").string(), read_file(source.tokenizer_path, "the tokenizer"));
     // rename(2) replaces an empty directory atomically.
     fs::rename(staging, target, ec);
     if (ec) throw Error(out_dir, "", "cannot move the finished export into place: " + ec.message());

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <limits>
 
-#include "keel/io/model_dir.hpp"
+#include "keel/core/files.hpp"
 
 namespace keel::train {
 
@@ -71,7 +71,7 @@ json metrics_line(const StepContext& step, const TrainState& state, const arch::
 
 MetricsFile::MetricsFile(std::string path, const arch::ModelSpec& spec, bool fresh) : path_(std::move(path)), spec_(spec) {
   if (!fresh) return;
-  io::write_file_atomic(path_, "");
+  write_file_atomic(path_, "");
   out_.open(path_, std::ios::app);
 }
 
@@ -106,7 +106,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
     if (j.is_discarded() || !j.contains("step")) continue;  // a torn last line from a kill
     if (j["step"].get<int64_t>() <= step) kept += line + "\n";
   }
-  io::write_file_atomic(path, kept);
+  write_file_atomic(path, kept);
 }
 
 }  // namespace keel::train

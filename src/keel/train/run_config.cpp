@@ -1,7 +1,5 @@
 #include "keel/train/run_config.hpp"
 
-#include <fstream>
-#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -9,85 +7,12 @@
 #include <toml++/toml.h>
 
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
+#include "keel/train/toml_section.hpp"
 
 namespace keel::train {
 
 namespace {
-
-// Reads one section, remembering which keys were consumed so the rest can be reported.
-class Section {
- public:
-  Section(const toml::table* table, std::string name, std::string source)
-      : table_(table), name_(std::move(name)), source_(std::move(source)) {}
-
-  template <typename T>
-  T get(const std::string& key, T fallback) {
-    used_.insert(key);
-    if (!table_) return fallback;
-    const toml::node* node = table_->get(key);
-    if (!node) return fallback;
-    if constexpr (std::is_same_v<T, std::string>) {
-      if (auto v = node->value<std::string>()) return *v;
-      fail(key, "expected a string");
-    } else if constexpr (std::is_same_v<T, bool>) {
-      if (auto v = node->value<bool>()) return *v;
-      fail(key, "expected true or false");
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!node->is_integer()) fail(key, "expected an integer");
-      return static_cast<T>(*node->value<int64_t>());
-    } else {
-      if (!node->is_number()) fail(key, "expected a number");
-      return *node->value<double>();
-    }
-  }
-  int64_t positive(const std::string& key, int64_t fallback, int64_t min = 1) {
-    int64_t v = get<int64_t>(key, fallback);
-    if (v < min) fail(key, "must be at least " + std::to_string(min) + ", got " + std::to_string(v));
-    return v;
-  }
-  double non_negative(const std::string& key, double fallback) {
-    double v = get<double>(key, fallback);
-    if (!(v >= 0)) fail(key, "must be non-negative");
-    return v;
-  }
-  std::vector<std::string> strings(const std::string& key) {
-    used_.insert(key);
-    std::vector<std::string> out;
-    if (!table_) return out;
-    const toml::node* node = table_->get(key);
-    if (!node) return out;
-    const toml::array* arr = node->as_array();
-    if (!arr) fail(key, "expected an array of strings");
-    for (const auto& item : *arr) {
-      auto v = item.value<std::string>();
-      if (!v) fail(key, "expected an array of strings");
-      out.push_back(*v);
-    }
-    return out;
-  }
-  const toml::array* array(const std::string& key) {
-    used_.insert(key);
-    if (!table_) return nullptr;
-    const toml::node* node = table_->get(key);
-    if (!node) return nullptr;
-    if (!node->as_array()) fail(key, "expected an array");
-    return node->as_array();
-  }
-  void finish() const {
-    if (!table_) return;
-    for (const auto& [key, value] : *table_) {
-      if (!used_.contains(std::string(key.str()))) fail(std::string(key.str()), "unknown key");
-    }
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& reason) const {
-    throw Error(source_, name_ + "." + key, reason);
-  }
-
- private:
-  const toml::table* table_;
-  std::string name_, source_;
-  std::set<std::string> used_;
-};
 
 void apply_override(toml::table& root, const std::string& item, const std::string& source) {
   auto eq = item.find('=');
@@ -122,41 +47,41 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
     }
     if (!value.is_table()) throw Error(source, std::string(key.str()), "expected a [section]");
   }
-  auto section = [&](const char* name) { return Section(root.get_as<toml::table>(name), name, source); };
+  auto section = [&](const char* name) { return TomlSection(root.get_as<toml::table>(name), name, source); };
   RunConfig c;
   c.source = source;
 
-  Section run = section("run");
-  c.steps = run.positive("steps", c.steps);
-  c.out = run.get<std::string>("out", c.out);
-  c.seed = static_cast<uint64_t>(run.positive("seed", 1, 0));
-  c.log_every = run.positive("log_every", c.log_every);
-  const std::string precision = run.get<std::string>("precision", "fp32");
+  TomlSection run = section("run");
+  c.steps = run.integer_or("steps", c.steps);
+  c.out = run.string_or("out", c.out);
+  c.seed = static_cast<uint64_t>(run.integer_or("seed", 1, 0));
+  c.log_every = run.integer_or("log_every", c.log_every);
+  const std::string precision = run.string_or("precision", "fp32");
   const auto parsed_precision = kernels::parse_precision(precision);
   if (!parsed_precision) run.fail("precision", "unknown precision '" + precision + "'; supported: fp32, bf16");
   c.precision = *parsed_precision;
   run.finish();
 
-  Section model = section("model");
-  c.model_config = model.get<std::string>("config", "");
+  TomlSection model = section("model");
+  c.model_config = model.string_or("config", "");
   if (c.model_config.empty()) model.fail("config", "is required: the HF config.json of the model to train");
   c.model_set = model.strings("set");
   model.finish();
 
-  Section data = section("data");
-  c.dataset = data.get<std::string>("dataset", "");
+  TomlSection data = section("data");
+  c.dataset = data.string_or("dataset", "");
   if (c.dataset.empty()) data.fail("dataset", "is required: a folder written by `keel data prepare`");
-  c.tokenizer = data.get<std::string>("tokenizer", "");
+  c.tokenizer = data.string_or("tokenizer", "");
   data.finish();
 
-  Section batch = section("batch");
-  c.sequences = batch.positive("sequences", c.sequences);
-  c.seq_len = batch.positive("seq_len", c.seq_len);
-  c.grad_accum = batch.positive("grad_accum", c.grad_accum);
+  TomlSection batch = section("batch");
+  c.sequences = batch.integer_or("sequences", c.sequences);
+  c.seq_len = batch.integer_or("seq_len", c.seq_len);
+  c.grad_accum = batch.integer_or("grad_accum", c.grad_accum);
   c.ramp.micro_sequences = c.sequences;
-  c.ramp.start_sequences = batch.positive("ramp_start_sequences", 0, 0);
-  c.ramp.end_sequences = batch.positive("ramp_end_sequences", 0, 0);
-  c.ramp.ramp_tokens = batch.positive("ramp_tokens", 0, 0);
+  c.ramp.start_sequences = batch.integer_or("ramp_start_sequences", 0, 0);
+  c.ramp.end_sequences = batch.integer_or("ramp_end_sequences", 0, 0);
+  c.ramp.ramp_tokens = batch.integer_or("ramp_tokens", 0, 0);
   if ((c.ramp.start_sequences > 0) != (c.ramp.end_sequences > 0)) {
     batch.fail("ramp_end_sequences", "a ramp needs both ramp_start_sequences and ramp_end_sequences");
   }
@@ -165,14 +90,14 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   }
   batch.finish();
 
-  Section opt = section("optimizer");
-  c.optimizer = opt.get<std::string>("name", c.optimizer);
+  TomlSection opt = section("optimizer");
+  c.optimizer = opt.string_or("name", c.optimizer);
   if (c.optimizer != "adamw" && c.optimizer != "muon") {
     opt.fail("name", "unknown optimizer '" + c.optimizer + "'; supported: adamw, muon");
   }
   c.momentum = opt.non_negative("momentum", c.momentum);
   if (c.momentum >= 1) opt.fail("momentum", "must be below 1");
-  c.muon_scaling = opt.get<std::string>("muon_scaling", c.muon_scaling);
+  c.muon_scaling = opt.string_or("muon_scaling", c.muon_scaling);
   if (c.muon_scaling != "moonlight" && c.muon_scaling != "keller_jordan" && c.muon_scaling != "update_norm") {
     opt.fail("muon_scaling", "unknown scaling '" + c.muon_scaling + "'; supported: moonlight, keller_jordan, update_norm");
   }
@@ -190,22 +115,22 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   c.clip = opt.non_negative("clip", c.clip);
   opt.finish();
 
-  Section sched = section("schedule");
+  TomlSection sched = section("schedule");
   ScheduleConfig& s = c.schedule;
   try {
-    s.kind = parse_schedule_kind(sched.get<std::string>("kind", "constant"));
+    s.kind = parse_schedule_kind(sched.string_or("kind", "constant"));
   } catch (const std::invalid_argument& e) {
     sched.fail("kind", e.what());
   }
   s.peak_lr = c.lr;
   s.total_steps = c.steps;
   s.final_lr = sched.non_negative("final_lr", 0.1 * c.lr);
-  s.warmup_steps = sched.positive("warmup_steps", 0, 0);
-  s.hold_tokens = sched.positive("hold_tokens", 0, 0);
-  s.decay_tokens = sched.positive("decay_tokens", 0, 0);
-  s.decay_steps = sched.positive("decay_steps", 0, 0);
+  s.warmup_steps = sched.integer_or("warmup_steps", 0, 0);
+  s.hold_tokens = sched.integer_or("hold_tokens", 0, 0);
+  s.decay_tokens = sched.integer_or("decay_tokens", 0, 0);
+  s.decay_steps = sched.integer_or("decay_steps", 0, 0);
   try {
-    s.decay_shape = parse_decay_shape(sched.get<std::string>("decay_shape", "linear"));
+    s.decay_shape = parse_decay_shape(sched.string_or("decay_shape", "linear"));
   } catch (const std::invalid_argument& e) {
     sched.fail("decay_shape", e.what());
   }
@@ -225,32 +150,32 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   if (s.kind == ScheduleKind::Wsd && s.decay_steps > c.steps) sched.fail("decay_steps", "exceeds run.steps");
   sched.finish();
 
-  Section eval = section("eval");
-  c.eval_every = eval.positive("every", 0, 0);
-  c.eval_batches = eval.positive("batches", c.eval_batches);
+  TomlSection eval = section("eval");
+  c.eval_every = eval.integer_or("every", 0, 0);
+  c.eval_batches = eval.integer_or("batches", c.eval_batches);
   eval.finish();
 
-  Section ckpt = section("checkpoint");
-  c.checkpoint_every = ckpt.positive("every", 0, 0);
-  c.checkpoint_keep = ckpt.positive("keep", c.checkpoint_keep);
+  TomlSection ckpt = section("checkpoint");
+  c.checkpoint_every = ckpt.integer_or("every", 0, 0);
+  c.checkpoint_keep = ckpt.integer_or("keep", c.checkpoint_keep);
   ckpt.finish();
 
-  Section spikes = section("spikes");
+  TomlSection spikes = section("spikes");
   try {
-    c.spikes.policy = parse_spike_policy(spikes.get<std::string>("policy", "warn"));
+    c.spikes.policy = parse_spike_policy(spikes.string_or("policy", "warn"));
   } catch (const std::invalid_argument& e) {
     spikes.fail("policy", e.what());
   }
-  c.spikes.window = spikes.positive("window", c.spikes.window, 3);
+  c.spikes.window = spikes.integer_or("window", c.spikes.window, 3);
   c.spikes.threshold = spikes.non_negative("threshold", c.spikes.threshold);
   if (c.spikes.threshold <= 0) spikes.fail("threshold", "must be positive");
-  c.spikes.min_history = spikes.positive("min_history", c.spikes.min_history, 3);
+  c.spikes.min_history = spikes.integer_or("min_history", c.spikes.min_history, 3);
   if (c.spikes.min_history > c.spikes.window) spikes.fail("min_history", "exceeds spikes.window (the window never fills)");
-  c.spikes.max_skips = spikes.positive("max_skips", c.spikes.max_skips, 0);
-  c.spikes.max_rollbacks = spikes.positive("max_rollbacks", c.spikes.max_rollbacks, 0);
+  c.spikes.max_skips = spikes.integer_or("max_skips", c.spikes.max_skips, 0);
+  c.spikes.max_rollbacks = spikes.integer_or("max_rollbacks", c.spikes.max_rollbacks, 0);
   spikes.finish();
 
-  Section faults = section("faults");
+  TomlSection faults = section("faults");
   auto steps_list = [&](const char* key) {
     std::vector<int64_t> out;
     if (const toml::array* arr = faults.array(key)) {
@@ -283,11 +208,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source, c
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw Error(path, "", "cannot open the run config");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_run_config(text.str(), path, overrides);
+  return parse_run_config(read_file(path, "the run config"), path, overrides);
 }
 
 std::string to_toml(const RunConfig& c) {

@@ -1,7 +1,8 @@
 #pragma once
 // A sweep (`keel compare SWEEP.toml`): one base run config and named variants of it, each trained
 // as a child `keel train` with the same seed and data order, several at once, resumably. This
-// file holds the typed sweep file and the runner; the report is in report/sweep_report.hpp.
+// file holds the typed sweep file and its plan; the supervisor that trains the variants is
+// train/supervisor.hpp, the report report/sweep_report.hpp.
 //
 //   [sweep]                     name, description, base, set, out, report, parallel, threads,
 //                               allow_seed_override
@@ -10,10 +11,12 @@
 // Paths in the sweep file are relative to its folder; the base run config's own paths (model
 // config, dataset) are read as `keel train` reads them, relative to the working directory.
 #include <cstdint>
-#include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
+
+namespace keel::report {
+struct SweepReportSource;  // report/sweep_report.hpp
+}  // namespace keel::report
 
 namespace keel::train {
 
@@ -62,37 +65,7 @@ struct VariantPlan {
 // is also read and validated (shapes, families).
 std::vector<VariantPlan> plan_sweep(const SweepConfig& sweep, bool check_models);
 
-// What a variant's run folder holds, from the markers keel compare writes and the checkpoints.
-enum class VariantState { NotStarted, Partial, Finished, Diverged, Failed };
-const char* variant_state_name(VariantState s);
-
-// RUN_DIR/sweep_status.json: written atomically when a child exits (not on a signal).
-struct VariantStatus {
-  VariantState state = VariantState::NotStarted;
-  int exit_code = 0;
-  int64_t steps_done = 0;           // metrics lines with a step
-  std::optional<int64_t> diverged_step;
-  std::string message;              // the child's last error line
-};
-inline constexpr const char* kSweepStatusFile = "sweep_status.json";
-// The recorded status, or what the folder shows when there is no marker (NotStarted / Partial).
-VariantStatus read_variant_status(const std::string& run_dir);
-
-struct RunnerOptions {
-  int64_t parallel = 1, threads = 1;
-  std::vector<std::string> only;    // names to run (empty: all)
-  bool retry_failed = false;        // rerun Diverged/Failed variants
-  bool dry_run = false;             // print the commands only
-  FILE* progress = stdout;
-};
-
-struct RunnerResult {
-  std::vector<std::string> errors;  // variants that failed before their first step, or were killed
-};
-
-// Trains every variant not finished yet (resuming partial ones), at most `parallel` at a time, each
-// a child process of this binary with OMP_NUM_THREADS = threads and its output in its log.
-// Training that falls apart is recorded (Diverged), not an error.
-RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>& plans, const RunnerOptions& options);
+// What the sweep report reads: the sweep's header and, per variant, its folder and overrides.
+report::SweepReportSource sweep_report_source(const SweepConfig& sweep, const std::vector<VariantPlan>& plans);
 
 }  // namespace keel::train

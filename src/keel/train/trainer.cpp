@@ -9,6 +9,7 @@
 
 #include "keel/arch/config_file.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/shards.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/nn/model.hpp"
@@ -25,14 +26,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path, "", "cannot open");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Identifies the model config, so a checkpoint never loads into another model.
 std::string config_hash(const json& model_config) {
@@ -203,8 +196,8 @@ TrainResult train(const RunConfig& config, const TrainOptions& options) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) throw Error(run_dir, "run.out", "cannot create the run folder: " + ec.message());
-  io::write_file_atomic((fs::path(run_dir) / kRunConfigFile).string(), to_toml(config));
-  io::write_file_atomic((fs::path(run_dir) / kModelConfigFile).string(), model_config.dump(2) + "\n");
+  write_file_atomic((fs::path(run_dir) / kRunConfigFile).string(), to_toml(config));
+  write_file_atomic((fs::path(run_dir) / kModelConfigFile).string(), model_config.dump(2) + "\n");
   return run_loop(config, run_dir, model_config, false, options);
 }
 
@@ -214,8 +207,8 @@ TrainResult resume(const std::string& run_dir, const std::vector<std::string>& o
   RunConfig c = load_run_config(toml_path.string(), overrides);
   c.out = run_dir;
   const std::string cfg_path = (fs::path(run_dir) / kModelConfigFile).string();
-  json model_config = arch::parse_config_text(read_text(cfg_path), cfg_path);
-  if (!overrides.empty()) io::write_file_atomic(toml_path.string(), to_toml(c));
+  json model_config = arch::parse_config_text(read_file(cfg_path, "the run's model config"), cfg_path);
+  if (!overrides.empty()) write_file_atomic(toml_path.string(), to_toml(c));
   options.resume = true;
   return run_loop(c, run_dir, model_config, true, options);
 }

@@ -1,10 +1,10 @@
-#include "keel/train/run_dir.hpp"
+#include "keel/io/run_dir.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
-namespace keel::train {
+namespace keel::io {
 
 namespace fs = std::filesystem;
 
@@ -35,4 +35,4 @@ std::optional<std::string> latest_complete_checkpoint(const std::string& run_dir
   return all.back();
 }
 
-}  // namespace keel::train
+}  // namespace keel::io
