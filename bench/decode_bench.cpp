@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,21 +70,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    std::vector<keel::nn::TransformerModel> models;
+    std::vector<std::unique_ptr<keel::nn::TransformerModel>> models;
     for (const std::string& c : configs) {
-      models.emplace_back(keel::arch::load_model_spec(c));
-      models.back().initialize(1);
+      models.push_back(std::make_unique<keel::nn::TransformerModel>(keel::arch::load_model_spec(c)));
+      models.back()->initialize(1);
     }
     std::vector<Timing> timings(2);
     for (int64_t r = 0; r < repeats; ++r) {
-      for (size_t m = 0; m < 2; ++m) run_once(models[m], prompt_len, new_tokens, timings[m]);
+      for (size_t m = 0; m < 2; ++m) run_once(*models[m], prompt_len, new_tokens, timings[m]);
     }
     double decode[2], prefill[2];
     int64_t bytes[2];
     for (size_t m = 0; m < 2; ++m) {
       decode[m] = median(timings[m].decode_tps);
       prefill[m] = median(timings[m].prefill_tps);
-      bytes[m] = keel::nn::Generator(models[m]).cache_bytes_per_token();
+      bytes[m] = keel::nn::Generator(*models[m]).cache_bytes_per_token();
     }
     if (json) {
       std::printf("{\"prompt\": %lld, \"new_tokens\": %lld, \"repeats\": %lld, \"models\": [", (long long)prompt_len,
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
         std::printf("%s{\"config\": \"%s\", \"attention\": \"%s\", \"decode_tokens_per_s\": %.1f, "
                     "\"prefill_tokens_per_s\": %.1f, \"cache_bytes_per_token\": %lld}",
                     m ? ", " : "", configs[m].c_str(),
-                    std::string(keel::arch::to_string(models[m].spec().attention.kind)).c_str(), decode[m], prefill[m],
+                    std::string(keel::arch::to_string(models[m]->spec().attention.kind)).c_str(), decode[m], prefill[m],
                     (long long)bytes[m]);
       }
       std::printf("], \"decode_ratio\": %.3f, \"cache_ratio\": %.3f}\n", decode[0] / decode[1],
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
     } else {
       for (size_t m = 0; m < 2; ++m) {
         std::printf("%-4s %-50s decode %8.1f tok/s  prefill %9.1f tok/s  cache %6lld B/token\n",
-                    std::string(keel::arch::to_string(models[m].spec().attention.kind)).c_str(), configs[m].c_str(),
+                    std::string(keel::arch::to_string(models[m]->spec().attention.kind)).c_str(), configs[m].c_str(),
                     decode[m], prefill[m], (long long)bytes[m]);
       }
       std::printf("A/B: decode %.3f, cache %.3f (medians of %lld interleaved repeats, %lld-token prompt, %lld new)\n",

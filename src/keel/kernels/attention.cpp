@@ -64,6 +64,63 @@ void block_scores(const float* a, int64_t lda, int64_t n, const float* bt, int64
   }
 }
 
+// One query per sequence (a decoding step over a cache of P + 1 keys): the scores of a head are
+// plain dot products with the key rows, which are contiguous, so packing Kᵀ blocks for a
+// one-row score block would cost more than it saves. Same contract as attention_forward.
+void decode_step(const float* q, const float* k, const float* v, float* out, float* lse, float* max_logit,
+                 const AttentionDims& d) {
+  const int64_t H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim, keys = d.q_offset + 1;
+  const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
+  const int64_t group = H / Hkv, tasks = d.batch * H;
+  const float cap = d.softcap;
+  std::vector<float> task_max(size_t(tasks), kNegInf);
+#pragma omp parallel if (tasks * keys * (Dk + Dv) > 16384)
+  {
+    std::vector<float> sc(static_cast<size_t>(keys)), o(static_cast<size_t>(Dv));
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / H, h = task % H, kvh = h / group;
+      const float* qv = q + task * Dk;
+      const float* kb = k + b * keys * ks + kvh * Dk;
+      const float* vb = v + b * keys * vs + kvh * Dv;
+      float smax = kNegInf;
+      for (int64_t j = 0; j < keys; ++j) {
+        const float* kr = kb + j * ks;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < Dk; ++c) dot += qv[c] * kr[c];
+        sc[size_t(j)] = dot * d.scale;
+        smax = std::max(smax, sc[size_t(j)]);
+      }
+      task_max[size_t(task)] = smax;
+      if (cap > 0.f) {
+        for (int64_t j = 0; j < keys; ++j) sc[size_t(j)] = cap * detail::fast_tanh(sc[size_t(j)] / cap);
+        smax = cap * detail::fast_tanh(smax / cap);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < keys; ++j) {
+        sc[size_t(j)] = detail::fast_exp(sc[size_t(j)] - smax);
+        sum += sc[size_t(j)];
+      }
+      std::fill(o.begin(), o.end(), 0.f);
+      for (int64_t j = 0; j < keys; ++j) {
+        const float p = sc[size_t(j)];
+        const float* vr = vb + j * vs;
+#pragma omp simd
+        for (int64_t c = 0; c < Dv; ++c) o[size_t(c)] += p * vr[c];
+      }
+      const float inv = 1.f / sum;
+      float* dst = out + task * Dv;
+      for (int64_t c = 0; c < Dv; ++c) dst[c] = o[size_t(c)] * inv;
+      lse[task] = smax + std::log(sum);  // (B, H, 1)
+    }
+  }
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t h = task % H;
+    max_logit[h] = std::max(max_logit[h], task_max[size_t(task)]);
+  }
+}
+
 }  // namespace
 
 // q: (B,T,Hq,Dqk), k: (B,T,Hkv,Dqk), v: (B,T,Hkv,Dv) -> out: (B,T,Hq,Dv), lse: (B,Hq,T); max_logit: (Hq)
@@ -77,6 +134,10 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   const int64_t tasks = d.batch * H * q_blocks;
   const float cap = d.softcap;
   std::vector<float> task_max(size_t(tasks), kNegInf);
+  if (T == 1) {
+    decode_step(q, k, v, out, lse, max_logit, d);
+    return;
+  }
 
 #pragma omp parallel
   {

@@ -54,6 +54,9 @@ class Block {
 class TransformerModel {
  public:
   explicit TransformerModel(const arch::ModelSpec& spec);
+  // Blocks point into the model (its RoPE table), so it never moves: hold it by unique_ptr.
+  TransformerModel(const TransformerModel&) = delete;
+  TransformerModel& operator=(const TransformerModel&) = delete;
 
   const arch::ModelSpec& spec() const { return spec_; }
   ParameterStore& parameters() { return store_; }
