@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
@@ -67,6 +68,32 @@ TEST_F(GenerateCli, JsonOutputIsReproducibleFromTheSeed) {
   std::vector<int32_t> text_ids = jg["ids"].get<std::vector<int32_t>>();
   if (jg["stop"] == "eos") text_ids.pop_back();
   EXPECT_EQ(greedy.out, "the cat" + tokenizer_->decode(text_ids) + "\n");
+}
+
+// MLA models generate too (from the latent cache): greedy ids equal the argmax of the full
+// forward's logits over the growing sequence, token by token.
+TEST_F(GenerateCli, MlaModelGeneratesTheFullForwardsGreedyTokens) {
+  arch::LoadedConfig cfg = arch::read_config_file(source_path("configs/tiny/deepseek_v3.json"));
+  arch::apply_overrides(cfg.json, {"vocab_size=272"}, cfg.path);
+  nn::TransformerModel model(arch::spec_from_config(cfg.json, cfg.path));
+  model.parameters().initialize(9, 0.1f);
+  const fs::path mla = dir_ / "mla";
+  io::save_model_dir(mla.string(), cfg.json, model);
+  tokenizer_->save((mla / "tokenizer.json").string());
+  CommandResult r = run_keel("generate --model " + mla.string() + " --prompt 'the dog' --max-new-tokens 5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json j = json::parse(r.out);
+  std::vector<int32_t> seq = j["prompt_ids"].get<std::vector<int32_t>>();
+  const auto ids = j["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 5u) << r.out;
+  const int64_t vocab = model.spec().vocab_size;
+  for (int32_t id : ids) {
+    std::vector<float> logits(seq.size() * static_cast<size_t>(vocab));
+    model.forward_logits(seq.data(), 1, static_cast<int64_t>(seq.size()), logits.data());
+    const float* last = logits.data() + (seq.size() - 1) * static_cast<size_t>(vocab);
+    EXPECT_EQ(id, static_cast<int32_t>(std::max_element(last, last + vocab) - last));
+    seq.push_back(id);
+  }
 }
 
 TEST_F(GenerateCli, ExportedRunGeneratesLikeTheRun) {
