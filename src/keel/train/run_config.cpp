@@ -38,7 +38,8 @@ void apply_override(toml::table& root, const std::string& item, const std::strin
   }
 }
 
-RunConfig type_config(const toml::table& root, const std::string& source) {
+// Every top-level key must be a known [section]: a misspelt section would otherwise be ignored.
+void check_sections(const toml::table& root, const std::string& source) {
   static const std::set<std::string> sections = {"run", "model", "data", "batch", "optimizer", "schedule", "eval", "checkpoint", "spikes", "faults"};
   for (const auto& [key, value] : root) {
     if (!sections.contains(std::string(key.str()))) {
@@ -47,11 +48,13 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
     }
     if (!value.is_table()) throw Error(source, std::string(key.str()), "expected a [section]");
   }
-  auto section = [&](const char* name) { return TomlSection(root.get_as<toml::table>(name), name, source); };
-  RunConfig c;
-  c.source = source;
+}
 
-  TomlSection run = section("run");
+// Each read_*_section reads its keys in a fixed order (finish() lists known keys in that order)
+// and ends with finish(), so an unknown key is named before the next section is read.
+
+// [run]: length, output folder, seed, logging and precision.
+void read_run_section(TomlSection run, RunConfig& c) {
   c.steps = run.integer_or("steps", c.steps);
   c.out = run.string_or("out", c.out);
   c.seed = static_cast<uint64_t>(run.integer_or("seed", 1, 0));
@@ -61,20 +64,26 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   if (!parsed_precision) run.fail("precision", "unknown precision '" + precision + "'; supported: fp32, bf16");
   c.precision = *parsed_precision;
   run.finish();
+}
 
-  TomlSection model = section("model");
+// [model]: the HF config.json to train (required) and its overrides.
+void read_model_section(TomlSection model, RunConfig& c) {
   c.model_config = model.string_or("config", "");
   if (c.model_config.empty()) model.fail("config", "is required: the HF config.json of the model to train");
   c.model_set = model.strings("set");
   model.finish();
+}
 
-  TomlSection data = section("data");
+// [data]: the prepared dataset (required) and its tokenizer.
+void read_data_section(TomlSection data, RunConfig& c) {
   c.dataset = data.string_or("dataset", "");
   if (c.dataset.empty()) data.fail("dataset", "is required: a folder written by `keel data prepare`");
   c.tokenizer = data.string_or("tokenizer", "");
   data.finish();
+}
 
-  TomlSection batch = section("batch");
+// [batch]: micro-batch shape, accumulation and the optional batch-size ramp.
+void read_batch_section(TomlSection batch, RunConfig& c) {
   c.sequences = batch.integer_or("sequences", c.sequences);
   c.seq_len = batch.integer_or("seq_len", c.seq_len);
   c.grad_accum = batch.integer_or("grad_accum", c.grad_accum);
@@ -89,8 +98,10 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
     batch.fail("ramp_start_sequences", "must be at least one micro-batch (batch.sequences)");
   }
   batch.finish();
+}
 
-  TomlSection opt = section("optimizer");
+// [optimizer]: AdamW or Muon, their hyperparameters and which parameters each one updates.
+void read_optimizer_section(TomlSection opt, RunConfig& c) {
   c.optimizer = opt.string_or("name", c.optimizer);
   if (c.optimizer != "adamw" && c.optimizer != "muon") {
     opt.fail("name", "unknown optimizer '" + c.optimizer + "'; supported: adamw, muon");
@@ -114,8 +125,27 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   c.weight_decay = opt.non_negative("weight_decay", c.weight_decay);
   c.clip = opt.non_negative("clip", c.clip);
   opt.finish();
+}
 
-  TomlSection sched = section("schedule");
+// schedule.tails: the constant-LR stretches after the cosine, each {until_tokens, lr}.
+std::vector<LrTail> read_schedule_tails(TomlSection& sched) {
+  std::vector<LrTail> tails;
+  if (const toml::array* items = sched.array("tails")) {
+    for (const auto& item : *items) {
+      const toml::table* t = item.as_table();
+      if (!t || !t->get("until_tokens") || !t->get("lr") || !t->get("until_tokens")->is_integer() ||
+          !t->get("lr")->is_number()) {
+        sched.fail("tails", "each tail is {until_tokens = <int>, lr = <number>}");
+      }
+      tails.push_back({*t->get("until_tokens")->value<int64_t>(), *t->get("lr")->value<double>()});
+    }
+  }
+  return tails;
+}
+
+// [schedule]: the LR curve. Read after [run] and [optimizer]: it peaks at optimizer.lr and spans
+// run.steps.
+void read_schedule_section(TomlSection sched, RunConfig& c) {
   ScheduleConfig& s = c.schedule;
   try {
     s.kind = parse_schedule_kind(sched.string_or("kind", "constant"));
@@ -134,33 +164,30 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   } catch (const std::invalid_argument& e) {
     sched.fail("decay_shape", e.what());
   }
-  if (const toml::array* tails = sched.array("tails")) {
-    for (const auto& item : *tails) {
-      const toml::table* t = item.as_table();
-      if (!t || !t->get("until_tokens") || !t->get("lr") || !t->get("until_tokens")->is_integer() ||
-          !t->get("lr")->is_number()) {
-        sched.fail("tails", "each tail is {until_tokens = <int>, lr = <number>}");
-      }
-      s.tails.push_back({*t->get("until_tokens")->value<int64_t>(), *t->get("lr")->value<double>()});
-    }
-  }
+  s.tails = read_schedule_tails(sched);
   if (s.kind == ScheduleKind::WarmupHoldCosine && s.decay_tokens <= 0) {
     sched.fail("decay_tokens", "warmup_hold_cosine needs decay_tokens > 0");
   }
   if (s.kind == ScheduleKind::Wsd && s.decay_steps > c.steps) sched.fail("decay_steps", "exceeds run.steps");
   sched.finish();
+}
 
-  TomlSection eval = section("eval");
+// [eval]: how often and over how many batches the validation loss is measured.
+void read_eval_section(TomlSection eval, RunConfig& c) {
   c.eval_every = eval.integer_or("every", 0, 0);
   c.eval_batches = eval.integer_or("batches", c.eval_batches);
   eval.finish();
+}
 
-  TomlSection ckpt = section("checkpoint");
+// [checkpoint]: how often checkpoints are written and how many are kept.
+void read_checkpoint_section(TomlSection ckpt, RunConfig& c) {
   c.checkpoint_every = ckpt.integer_or("every", 0, 0);
   c.checkpoint_keep = ckpt.integer_or("keep", c.checkpoint_keep);
   ckpt.finish();
+}
 
-  TomlSection spikes = section("spikes");
+// [spikes]: the loss-spike guard's policy, window and limits.
+void read_spikes_section(TomlSection spikes, RunConfig& c) {
   try {
     c.spikes.policy = parse_spike_policy(spikes.string_or("policy", "warn"));
   } catch (const std::invalid_argument& e) {
@@ -174,22 +201,45 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   c.spikes.max_skips = spikes.integer_or("max_skips", c.spikes.max_skips, 0);
   c.spikes.max_rollbacks = spikes.integer_or("max_rollbacks", c.spikes.max_rollbacks, 0);
   spikes.finish();
+}
 
-  TomlSection faults = section("faults");
-  auto steps_list = [&](const char* key) {
-    std::vector<int64_t> out;
-    if (const toml::array* arr = faults.array(key)) {
-      for (const auto& item : *arr) {
-        if (!item.is_integer() || *item.value<int64_t>() < 1) faults.fail(key, "expected an array of step numbers (>= 1)");
-        out.push_back(*item.value<int64_t>());
-      }
+// One faults.<key> array: step numbers (>= 1) at which a fault is injected; absent: none.
+std::vector<int64_t> read_step_list(TomlSection& faults, const char* key) {
+  std::vector<int64_t> out;
+  if (const toml::array* arr = faults.array(key)) {
+    for (const auto& item : *arr) {
+      if (!item.is_integer() || *item.value<int64_t>() < 1) faults.fail(key, "expected an array of step numbers (>= 1)");
+      out.push_back(*item.value<int64_t>());
     }
-    return out;
-  };
-  c.poison_steps = steps_list("poison_steps");
-  c.nan_grad_steps = steps_list("nan_grad_steps");
-  c.corrupt_checkpoint_steps = steps_list("corrupt_checkpoint_steps");
+  }
+  return out;
+}
+
+// [faults]: injected failures, for testing the trainer's recovery paths.
+void read_faults_section(TomlSection faults, RunConfig& c) {
+  c.poison_steps = read_step_list(faults, "poison_steps");
+  c.nan_grad_steps = read_step_list(faults, "nan_grad_steps");
+  c.corrupt_checkpoint_steps = read_step_list(faults, "corrupt_checkpoint_steps");
   faults.finish();
+}
+
+// The typed RunConfig of a parsed (and overridden) TOML file. Sections are read in this order:
+// later ones default from earlier ones, and the first error met is the one reported.
+RunConfig type_config(const toml::table& root, const std::string& source) {
+  check_sections(root, source);
+  auto section = [&](const char* name) { return TomlSection(root.get_as<toml::table>(name), name, source); };
+  RunConfig c;
+  c.source = source;
+  read_run_section(section("run"), c);
+  read_model_section(section("model"), c);
+  read_data_section(section("data"), c);
+  read_batch_section(section("batch"), c);
+  read_optimizer_section(section("optimizer"), c);
+  read_schedule_section(section("schedule"), c);
+  read_eval_section(section("eval"), c);
+  read_checkpoint_section(section("checkpoint"), c);
+  read_spikes_section(section("spikes"), c);
+  read_faults_section(section("faults"), c);
   return c;
 }
 

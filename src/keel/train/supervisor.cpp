@@ -83,6 +83,195 @@ std::string fmt4(double v) {
   return buf;
 }
 
+// The progress lines of `keel compare`, each variant tagged "[i/n] name" by its place in the plan.
+class SweepProgress {
+ public:
+  SweepProgress(FILE* out, const std::vector<VariantPlan>& plans) : out_(out), count_(plans.size()) {
+    for (size_t i = 0; i < plans.size(); ++i) index_[&plans[i]] = i + 1;
+  }
+
+  // One line, flushed at once: the children's runs are long and the user watches.
+  void say(const std::string& line) const {
+    if (!out_) return;
+    std::fprintf(out_, "%s\n", line.c_str());
+    std::fflush(out_);
+  }
+
+  // `p` must be one of the plans given to the constructor.
+  std::string tag(const VariantPlan& p) const {
+    return "[" + std::to_string(index_.at(&p)) + "/" + std::to_string(count_) + "] " + p.name;
+  }
+
+ private:
+  FILE* out_;
+  size_t count_;
+  std::map<const VariantPlan*, size_t> index_;
+};
+
+// A variant this run trains: the `keel train` arguments that start or resume it.
+struct SweepJob {
+  const VariantPlan* plan;
+  std::vector<std::string> args;
+  std::string what;  // "starting" or "resuming from step N"
+};
+
+// Every --only name is a variant of the sweep: a typo would otherwise run nothing, silently.
+void check_only(const SweepConfig& sweep, const std::vector<VariantPlan>& plans, const std::vector<std::string>& only) {
+  for (const auto& name : only) {
+    bool known = false;
+    for (const auto& p : plans) known |= p.name == name;
+    if (!known) throw Error(sweep.source, "--only", "no variant is named '" + name + "'");
+  }
+}
+
+// The job for one variant given what an earlier run left in its folder; nullopt (with a progress
+// line) when it is finished, or diverged/failed and not to be retried.
+std::optional<SweepJob> plan_variant(const SweepConfig& sweep, const VariantPlan& p, const RunnerOptions& options,
+                                     const std::string& exe, const SweepProgress& progress) {
+  VariantStatus st = read_variant_status(p.run_dir);
+  if (st.state == VariantState::Finished) {
+    progress.say(progress.tag(p) + ": finished before, skipped");
+    return std::nullopt;
+  }
+  if ((st.state == VariantState::Diverged || st.state == VariantState::Failed) && !options.retry_failed) {
+    progress.say(progress.tag(p) + ": " + variant_state_name(st.state) + " before, skipped (--retry-failed reruns it)");
+    return std::nullopt;
+  }
+  const int64_t ckpt = st.state == VariantState::Partial ? checkpoint_step(p.run_dir) : 0;
+  if (ckpt > 0 && ckpt >= p.steps) {
+    // Trained to the end, but this process was stopped before it could write the marker.
+    VariantStatus done;
+    done.state = VariantState::Finished;
+    done.steps_done = io::glance_metrics(p.run_dir).steps;
+    if (!options.dry_run) io::write_variant_status(p.run_dir, done);
+    progress.say(progress.tag(p) + ": finished before, skipped");
+    return std::nullopt;
+  }
+  SweepJob job{&p, {exe, "train"}, ""};
+  if (ckpt > 0) {
+    job.args.insert(job.args.end(), {"--resume", p.run_dir, "--set", "run.steps=" + std::to_string(p.steps)});
+    job.what = "resuming from step " + std::to_string(ckpt);
+  } else {
+    job.args.insert(job.args.end(), {"--config", sweep.base});
+    for (const auto& o : p.overrides) job.args.insert(job.args.end(), {"--set", o});
+    job.what = "starting";
+  }
+  return job;
+}
+
+// The jobs of this run, in plan order: the variants selected by --only (all when empty) that
+// still need training.
+std::vector<SweepJob> plan_jobs(const SweepConfig& sweep, const std::vector<VariantPlan>& plans, const RunnerOptions& options,
+                                const std::string& exe, const SweepProgress& progress) {
+  std::vector<SweepJob> todo;
+  for (const auto& p : plans) {
+    if (!options.only.empty() && std::find(options.only.begin(), options.only.end(), p.name) == options.only.end()) continue;
+    if (auto job = plan_variant(sweep, p, options, exe, progress)) todo.push_back(std::move(*job));
+  }
+  return todo;
+}
+
+// --dry-run: each job as a shell command line that could be pasted to run it by hand.
+void print_commands(const std::vector<SweepJob>& todo, int64_t threads, const SweepProgress& progress) {
+  for (const auto& j : todo) {
+    std::string line = "OMP_NUM_THREADS=" + std::to_string(threads);
+    for (const auto& a : j.args) {
+      line += ' ';
+      line += shell_quote(a);
+    }
+    progress.say(line + " > " + shell_quote(j.plan->log) + " 2>&1");
+  }
+}
+
+// Before a fresh start: clear what an earlier attempt left in the run folder.
+void clear_run_dir(const SweepJob& job) {
+  const VariantPlan& p = *job.plan;
+  if (job.what == "starting" && fs::exists(p.run_dir)) {
+    // A folder without a complete checkpoint: what it holds cannot be continued. Only a run
+    // folder (or an empty one) is cleared; anything else is the user's and stays.
+    const bool run_like = fs::exists(fs::path(p.run_dir) / io::kRunConfigFile) ||
+                          fs::exists(fs::path(p.run_dir) / io::kMetricsFile) ||
+                          fs::exists(fs::path(p.run_dir) / kSweepStatusFile) || fs::is_empty(p.run_dir);
+    if (!run_like) throw Error(p.run_dir, "", "exists and is not a run folder; move it away so variant '" + p.name + "' can use it");
+    fs::remove_all(p.run_dir);
+  }
+}
+
+// The step of the trainer's last "abort" event in the run's events file, if any.
+std::optional<int64_t> abort_event_step(const std::string& run_dir) {
+  std::optional<int64_t> abort_step;
+  std::ifstream ev(fs::path(run_dir) / io::kEventsFile);
+  std::string line;
+  while (std::getline(ev, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("type", std::string()) == "abort" && j.contains("step") && j["step"].is_number_integer()) {
+      abort_step = j["step"].get<int64_t>();
+    }
+  }
+  return abort_step;
+}
+
+// Where a failed variant diverged, nullopt when it did not: the trainer's abort event, a
+// non-finite loss in the metrics, or (trainers that stop before writing that line) its error
+// message about a non-finite value.
+std::optional<int64_t> diverged_step(const VariantPlan& p, const io::MetricsGlance& g, const std::string& message) {
+  if (const auto abort_step = abort_event_step(p.run_dir)) return abort_step;
+  if (g.first_nonfinite) return g.first_nonfinite;
+  if (message.find("non-finite") != std::string::npos) {
+    std::smatch m;
+    static const std::regex at_step("at step ([0-9]+)");
+    return std::regex_search(message, m, at_step) ? std::stoll(m[1].str()) : g.steps + 1;
+  }
+  return std::nullopt;
+}
+
+// A variant that exited non-zero: recorded as diverged or failed, or, when nothing was trained
+// (a configuration problem, not a result), an error without a marker so a rerun tries again.
+void record_failure(const VariantPlan& p, VariantStatus st, const io::MetricsGlance& g, const std::string& took,
+                    const SweepProgress& progress, RunnerResult& result) {
+  st.message = last_error_line(p.log);
+  st.diverged_step = diverged_step(p, g, st.message);
+  if (st.diverged_step) {
+    st.state = VariantState::Diverged;
+    io::write_variant_status(p.run_dir, st);
+    progress.say(progress.tag(p) + ": diverged at step " + std::to_string(*st.diverged_step) + ", last finite loss " +
+                 fmt4(g.last_loss) + " (" + took + ")");
+  } else if (g.steps > 0) {
+    st.state = VariantState::Failed;
+    io::write_variant_status(p.run_dir, st);
+    progress.say(progress.tag(p) + ": failed after " + std::to_string(g.steps) + " steps (exit " +
+                 std::to_string(st.exit_code) + "): " + st.message);
+  } else {
+    progress.say(progress.tag(p) + ": error before the first step: " + st.message);
+    result.errors.push_back(p.name + ": " + st.message + " (log " + p.log + ")");
+  }
+}
+
+// How a variant's child ended: killed (an error, resumable), finished, or failed (record_failure).
+void record_exit(const VariantPlan& p, const ChildExit& how, const SweepProgress& progress, RunnerResult& result) {
+  char took[32];
+  std::snprintf(took, sizeof took, "%.0f s", how.seconds);
+  const io::MetricsGlance g = io::glance_metrics(p.run_dir);
+  if (how.signal > 0) {
+    const std::string why = "killed by signal " + std::to_string(how.signal) + " after " + std::to_string(g.steps) +
+                            " steps (rerun keel compare to resume it)";
+    progress.say(progress.tag(p) + ": " + why);
+    result.errors.push_back(p.name + ": " + why);
+    return;
+  }
+  VariantStatus st;
+  st.exit_code = how.exit_code;
+  st.steps_done = g.steps;
+  if (st.exit_code != 0) {
+    record_failure(p, st, g, took, progress, result);
+    return;
+  }
+  st.state = VariantState::Finished;
+  io::write_variant_status(p.run_dir, st);
+  progress.say(progress.tag(p) + ": finished, " + std::to_string(g.steps) + " steps, loss " + fmt4(g.last_loss) +
+               ", val loss " + fmt4(g.last_val) + " (" + took + ")");
+}
+
 }  // namespace
 
 std::vector<std::string> environment_with(const std::string& name, const std::string& value) {
@@ -160,71 +349,11 @@ void run_children(const std::vector<ChildJob>& jobs, size_t parallel, const std:
 
 RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>& plans, const RunnerOptions& options) {
   const std::string exe = self_exe();
-  FILE* out = options.progress;
-  auto say = [out](const std::string& line) {
-    if (!out) return;
-    std::fprintf(out, "%s\n", line.c_str());
-    std::fflush(out);
-  };
-  for (const auto& name : options.only) {
-    bool known = false;
-    for (const auto& p : plans) known |= p.name == name;
-    if (!known) throw Error(sweep.source, "--only", "no variant is named '" + name + "'");
-  }
-
-  struct Job {
-    const VariantPlan* plan;
-    std::vector<std::string> args;
-    std::string what;  // "starting" or "resuming from step N"
-  };
-  std::vector<Job> todo;
-  const size_t n = plans.size();
-  std::map<const VariantPlan*, size_t> index;
-  for (size_t i = 0; i < n; ++i) index[&plans[i]] = i + 1;
-  auto tag = [&](const VariantPlan& p) { return "[" + std::to_string(index[&p]) + "/" + std::to_string(n) + "] " + p.name; };
-
-  for (const auto& p : plans) {
-    if (!options.only.empty() && std::find(options.only.begin(), options.only.end(), p.name) == options.only.end()) continue;
-    VariantStatus st = read_variant_status(p.run_dir);
-    if (st.state == VariantState::Finished) {
-      say(tag(p) + ": finished before, skipped");
-      continue;
-    }
-    if ((st.state == VariantState::Diverged || st.state == VariantState::Failed) && !options.retry_failed) {
-      say(tag(p) + ": " + variant_state_name(st.state) + " before, skipped (--retry-failed reruns it)");
-      continue;
-    }
-    const int64_t ckpt = st.state == VariantState::Partial ? checkpoint_step(p.run_dir) : 0;
-    if (ckpt > 0 && ckpt >= p.steps) {
-      // Trained to the end, but this process was stopped before it could write the marker.
-      VariantStatus done;
-      done.state = VariantState::Finished;
-      done.steps_done = io::glance_metrics(p.run_dir).steps;
-      if (!options.dry_run) io::write_variant_status(p.run_dir, done);
-      say(tag(p) + ": finished before, skipped");
-      continue;
-    }
-    Job job{&p, {exe, "train"}, ""};
-    if (ckpt > 0) {
-      job.args.insert(job.args.end(), {"--resume", p.run_dir, "--set", "run.steps=" + std::to_string(p.steps)});
-      job.what = "resuming from step " + std::to_string(ckpt);
-    } else {
-      job.args.insert(job.args.end(), {"--config", sweep.base});
-      for (const auto& o : p.overrides) job.args.insert(job.args.end(), {"--set", o});
-      job.what = "starting";
-    }
-    todo.push_back(std::move(job));
-  }
-
+  const SweepProgress progress(options.progress, plans);
+  check_only(sweep, plans, options.only);
+  const std::vector<SweepJob> todo = plan_jobs(sweep, plans, options, exe, progress);
   if (options.dry_run) {
-    for (const auto& j : todo) {
-      std::string line = "OMP_NUM_THREADS=" + std::to_string(options.threads);
-      for (const auto& a : j.args) {
-        line += ' ';
-        line += shell_quote(a);
-      }
-      say(line + " > " + shell_quote(j.plan->log) + " 2>&1");
-    }
+    print_commands(todo, options.threads, progress);
     return {};
   }
 
@@ -235,85 +364,12 @@ RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>&
 
   std::vector<ChildJob> children;
   for (const auto& j : todo) children.push_back({j.args, j.plan->log, "variant." + j.plan->name});
-
   ChildCallbacks cb;
-  cb.before_start = [&](size_t i) {
-    const Job& job = todo[i];
-    const VariantPlan& p = *job.plan;
-    if (job.what == "starting" && fs::exists(p.run_dir)) {
-      // A folder without a complete checkpoint: what it holds cannot be continued. Only a run
-      // folder (or an empty one) is cleared; anything else is the user's and stays.
-      const bool run_like = fs::exists(fs::path(p.run_dir) / io::kRunConfigFile) ||
-                            fs::exists(fs::path(p.run_dir) / io::kMetricsFile) ||
-                            fs::exists(fs::path(p.run_dir) / kSweepStatusFile) || fs::is_empty(p.run_dir);
-      if (!run_like) throw Error(p.run_dir, "", "exists and is not a run folder; move it away so variant '" + p.name + "' can use it");
-      fs::remove_all(p.run_dir);
-    }
-  };
+  cb.before_start = [&](size_t i) { clear_run_dir(todo[i]); };
   cb.started = [&](size_t i) {
-    const Job& job = todo[i];
-    say(tag(*job.plan) + ": " + job.what + " (log " + job.plan->log + ")");
+    progress.say(progress.tag(*todo[i].plan) + ": " + todo[i].what + " (log " + todo[i].plan->log + ")");
   };
-  cb.exited = [&](size_t i, const ChildExit& how) {
-    const VariantPlan& p = *todo[i].plan;
-    char took[32];
-    std::snprintf(took, sizeof took, "%.0f s", how.seconds);
-    const io::MetricsGlance g = io::glance_metrics(p.run_dir);
-    if (how.signal > 0) {
-      const std::string why = "killed by signal " + std::to_string(how.signal) + " after " + std::to_string(g.steps) +
-                              " steps (rerun keel compare to resume it)";
-      say(tag(p) + ": " + why);
-      result.errors.push_back(p.name + ": " + why);
-      return;
-    }
-    VariantStatus st;
-    st.exit_code = how.exit_code;
-    st.steps_done = g.steps;
-    if (st.exit_code == 0) {
-      st.state = VariantState::Finished;
-      io::write_variant_status(p.run_dir, st);
-      say(tag(p) + ": finished, " + std::to_string(g.steps) + " steps, loss " + fmt4(g.last_loss) + ", val loss " +
-          fmt4(g.last_val) + " (" + took + ")");
-      return;
-    }
-    st.message = last_error_line(p.log);
-    // Diverged: the trainer's abort event, a non-finite loss in the metrics, or (trainers that
-    // stop before writing that line) its error message about a non-finite value.
-    std::optional<int64_t> abort_step;
-    {
-      std::ifstream ev(fs::path(p.run_dir) / io::kEventsFile);
-      std::string line;
-      while (std::getline(ev, line)) {
-        const json j = json::parse(line, nullptr, false);
-        if (j.is_object() && j.value("type", std::string()) == "abort" && j.contains("step") && j["step"].is_number_integer()) {
-          abort_step = j["step"].get<int64_t>();
-        }
-      }
-    }
-    if (abort_step) {
-      st.diverged_step = abort_step;
-    } else if (g.first_nonfinite) {
-      st.diverged_step = g.first_nonfinite;
-    } else if (st.message.find("non-finite") != std::string::npos) {
-      std::smatch m;
-      static const std::regex at_step("at step ([0-9]+)");
-      st.diverged_step = std::regex_search(st.message, m, at_step) ? std::stoll(m[1].str()) : g.steps + 1;
-    }
-    if (st.diverged_step) {
-      st.state = VariantState::Diverged;
-      io::write_variant_status(p.run_dir, st);
-      say(tag(p) + ": diverged at step " + std::to_string(*st.diverged_step) + ", last finite loss " + fmt4(g.last_loss) +
-          " (" + took + ")");
-    } else if (g.steps > 0) {
-      st.state = VariantState::Failed;
-      io::write_variant_status(p.run_dir, st);
-      say(tag(p) + ": failed after " + std::to_string(g.steps) + " steps (exit " + std::to_string(st.exit_code) + "): " + st.message);
-    } else {
-      // Nothing trained: a configuration problem, not a result. No marker, so a rerun tries again.
-      say(tag(p) + ": error before the first step: " + st.message);
-      result.errors.push_back(p.name + ": " + st.message + " (log " + p.log + ")");
-    }
-  };
+  cb.exited = [&](size_t i, const ChildExit& how) { record_exit(*todo[i].plan, how, progress, result); };
   run_children(children, static_cast<size_t>(std::max<int64_t>(1, options.parallel)), environment_with("OMP_NUM_THREADS", std::to_string(options.threads)),
                sweep.source, cb);
   return result;
