@@ -109,7 +109,13 @@ class SupervisorSweep : public Supervisor {
     FILE* f = ::open_memstream(&buf, &size);
     o.dry_run = true;
     o.progress = f;
-    run_sweep(sweep_, plans_, o);
+    try {
+      run_sweep(sweep_, plans_, o);
+    } catch (...) {  // the stream is freed on an error too (LeakSanitizer)
+      std::fclose(f);
+      std::free(buf);
+      throw;
+    }
     std::fclose(f);
     std::string out(buf, size);
     std::free(buf);
