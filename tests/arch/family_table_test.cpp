@@ -108,7 +108,7 @@ TEST(FamilyTable, ModelRegistersTheLayoutByRole) {
         ASSERT_TRUE(p->role.has_value()) << name;
         EXPECT_EQ(p->role->kind, t.role.kind) << name;
         EXPECT_EQ(p->role->part, t.role.part) << name;
-        EXPECT_EQ(p->layer(), t.layer) << name;
+        EXPECT_EQ(p->layer(), t.role.layer) << name;
         EXPECT_EQ(p->role->expert, t.copies > 1 ? e : -1) << name;
         EXPECT_EQ(model.parameters().find(*p->role), p) << name;
         EXPECT_EQ(p->matrix, t.optimizer == OptimizerGroup::Muon) << name;

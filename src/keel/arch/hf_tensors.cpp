@@ -52,7 +52,6 @@ class LayoutBuilder {
     e.name = tensor_name(names_, e.role);  // routed experts: "{E}" stays
     e.shape = std::move(shape);
     e.component = override_ ? *override_ : c;
-    e.layer = layer;
     e.copies = copies;
     const bool weight = part == TensorPart::Weight;
     e.matmul = weight && is_matmul_kind(kind);

@@ -34,10 +34,10 @@ enum class OptimizerGroup { Muon, AdamW };
 
 struct TensorEntry {
   std::string name;              // HF name; routed experts use "{E}" for the expert index
-  TensorRole role;               // what it is (routed experts: expert -1, one entry for all copies)
+  TensorRole role;               // what it is, its layer (-1 outside the stack); routed experts: expert -1,
+                                 // one entry for all copies
   std::vector<int64_t> shape;
   Component component;
-  int64_t layer = -1;            // decoder layer, -1 outside the stack
   int64_t copies = 1;            // experts sharing this template, 1 otherwise
   bool matmul = false;           // a weight multiplied with activations (a FLOP-bearing matrix)
   OptimizerGroup optimizer = OptimizerGroup::AdamW;  // default routing (issue: Muon on hidden matrices)

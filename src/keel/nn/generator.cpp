@@ -22,7 +22,7 @@ Generator::Generator(const TransformerModel& model) : model_(&model) {
 
 void Generator::prefill(std::span<const int32_t> prompt) {
   if (prompt.empty()) throw Error("generation", "prompt", "is empty: generation needs at least one token");
-  state_ = model_->new_decode_state();
+  state_.clear();
   model_->forward_incremental(prompt.data(), static_cast<int64_t>(prompt.size()), state_, logits_.data());
 }
 

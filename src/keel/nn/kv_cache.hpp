@@ -61,6 +61,11 @@ struct DecodeState {
   std::vector<KvCache> layers;
   int64_t length = 0;  // tokens cached (the position of the next token)
   Arena arena;         // scratch of one incremental call, reset at its start
+  // Empties every cache for a new sequence, keeping the memory already grown.
+  void clear() {
+    for (KvCache& c : layers) c.clear();
+    length = 0;
+  }
   // Bytes one token adds over all layers (fp32).
   int64_t bytes_per_token() const {
     int64_t floats = 0;
