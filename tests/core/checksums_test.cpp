@@ -32,6 +32,29 @@ TEST(Crc32c, KnownVectors) {
   EXPECT_EQ(crc32c(std::string(32, '\0')), 0x8A9136AAu);
   EXPECT_EQ(crc32c(std::string(32, '\xff')), 0x62A8AB43u);
   EXPECT_EQ(crc32c_extend(crc32c("12345"), "6789", 4), crc32c("123456789"));
+  EXPECT_EQ(crc32c_extend_table(0, "123456789", 9), 0xE3069283u);
+}
+
+TEST(Crc32c, HardwarePathMatchesTheTable) {
+  // Every length 0..300 and offset 0..7 (alignment and the byte tail), chained over splits too.
+  std::string bytes(4096 + 8, '\0');
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (char& b : bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<char>(x);
+  }
+  ASSERT_TRUE(crc32c_hardware_available() || crc32c_extend_hardware(7, "abc", 3) == crc32c_extend_table(7, "abc", 3));
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n = 0; n <= 300; ++n) {
+      const char* p = bytes.data() + offset;
+      const uint32_t want = crc32c_extend_table(0x1234567u, p, n);
+      ASSERT_EQ(crc32c_extend_hardware(0x1234567u, p, n), want) << "offset " << offset << " length " << n;
+      ASSERT_EQ(crc32c_extend(0x1234567u, p, n), want);
+      const size_t cut = n / 3;
+      ASSERT_EQ(crc32c_extend(crc32c_extend(0x1234567u, p, cut), p + cut, n - cut), want);
+    }
+  }
+  EXPECT_EQ(crc32c(bytes.data(), 4096), crc32c_extend_table(0, bytes.data(), 4096));
 }
 
 }  // namespace

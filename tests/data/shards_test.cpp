@@ -285,6 +285,29 @@ std::vector<int32_t> write_dataset(const std::string& dir, const std::vector<int
   return all;
 }
 
+TEST(TokenDataset, OpenVerifiesEveryShardsDataChecksum) {
+  // A flipped byte that keeps the id below the limit passes every read check: only the data
+  // checksum sees it, and open() must refuse the dataset naming the shard.
+  const std::string dir = temp_dir("flipped");
+  write_dataset(dir, {50, 60, 70});
+  const std::string victim = shard_path(dir, "train", 1);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64 + 2 * 30);
+    const char id = 3;  // token 30 becomes 3 (it was 80): still a valid id
+    f.write(&id, 1);
+  }
+  EXPECT_NO_THROW(TokenShard::open(victim)) << "the header alone is intact";
+  try {
+    TokenDataset::open(dir, "train");
+    ADD_FAILURE() << "opened a dataset with a corrupted shard";
+  } catch (const keel::Error& e) {
+    EXPECT_EQ(e.file(), victim);
+    EXPECT_EQ(e.field(), "data checksum");
+  }
+  fs::remove_all(dir);
+}
+
 TEST(TokenDataset, ReadsAcrossShardBoundaries) {
   const std::string dir = temp_dir("dataset");
   const std::vector<int32_t> all = write_dataset(dir, {5, 1, 7, 3});

@@ -1,16 +1,23 @@
 // `keel data prepare`: text files -> a prepared dataset directory of token shards.
+// `keel data verify`: every shard's header and data checksum, and meta.json's counts.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "keel/cli/commands.hpp"
+#include "keel/core/crc32c.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/data/documents.hpp"
 #include "keel/data/prepare.hpp"
+#include "keel/data/shards.hpp"
 #include "keel/data/tokenizer.hpp"
 
 namespace keel::cli {
@@ -99,12 +106,67 @@ void register_prepare(CLI::App& data) {
   });
 }
 
+// Verifies every shard of SPLIT (all of them, so one run names every bad file), then opens the
+// split as training does (numbering and meta.json's counts). Returns the bad shards' count.
+int verify_split(const std::string& dir, const std::string& split, int64_t shards) {
+  const auto start = std::chrono::steady_clock::now();
+  int64_t bytes = 0, tokens = 0;
+  int bad = 0;
+  for (int64_t i = 0; i < shards; ++i) {
+    const std::string path = data::shard_path(dir, split, i);
+    try {
+      const data::TokenShard shard = data::TokenShard::open(path);
+      shard.verify_data();
+      bytes += shard.file_bytes();
+      tokens += shard.size();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "keel: %s\n", e.what());
+      ++bad;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (bad == 0) data::TokenDataset::open(dir, split);  // counts and numbering against meta.json
+  std::printf("  %-5s %lld shards, %lld tokens, %.1f MB: %s (%.3f s, %.2f GB/s)\n", split.c_str(),
+              static_cast<long long>(shards), static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6,
+              bad == 0 ? "ok" : (std::to_string(bad) + " bad").c_str(), seconds,
+              seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+  return bad;
+}
+
+void register_verify(CLI::App& data) {
+  auto* cmd = data.add_subcommand(
+      "verify", "Check a prepared dataset: every shard's header and data checksum (CRC-32C) and meta.json's counts");
+  auto dir = std::make_shared<std::string>();
+  cmd->add_option("DIR", *dir, "prepared dataset directory (meta.json and <split>_NNNNN.bin)")->required();
+  cmd->callback([dir] {
+    const std::string meta_path = (fs::path(*dir) / "meta.json").string();
+    const nlohmann::json meta = nlohmann::json::parse(
+        read_file(meta_path, "the dataset's meta.json (not a prepared dataset directory?)"), nullptr, false);
+    if (meta.is_discarded() || !meta.is_object() || !meta.contains("splits") || !meta["splits"].is_object()) {
+      throw Error(meta_path, "splits", "missing or not an object");
+    }
+    std::printf("%s (CRC-32C: %s)\n", dir->c_str(),
+                crc32c_hardware_available() ? "CPU instruction" : "table, no CPU instruction");
+    int bad = 0;
+    for (const auto& [split, info] : meta["splits"].items()) {
+      if (!info.is_object() || !info.contains("shards") || !info["shards"].is_number_integer() ||
+          info["shards"].get<int64_t>() < 0) {
+        throw Error(meta_path, "splits." + split + ".shards", "missing or not a non-negative integer");
+      }
+      bad += verify_split(*dir, split, info["shards"].get<int64_t>());
+    }
+    if (bad > 0) throw Error(*dir, "", std::to_string(bad) + " shard(s) failed verification (listed above)");
+    std::printf("all shards verified\n");
+  });
+}
+
 }  // namespace
 
 void register_data_commands(CLI::App& app) {
-  auto* data = app.add_subcommand("data", "Prepare training data");
+  auto* data = app.add_subcommand("data", "Prepare and verify training data");
   data->require_subcommand(1);
   register_prepare(*data);
+  register_verify(*data);
 }
 
 }  // namespace keel::cli

@@ -43,8 +43,8 @@ std::string read_file(const std::string& path, const std::string& what) {
 }
 
 void fsync_parent_directory(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw Error(path, "", "cannot open folder " + dir + " to sync it: " + errno_text(errno));
   const int rc = ::fsync(fd);
@@ -87,6 +87,43 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
     throw Error(path, "", "rename failed: " + errno_text(err));
   }
   fsync_parent_directory(path);
+}
+
+AppendFile::AppendFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path, "", "cannot open for appending: " + errno_text(errno));
+}
+
+AppendFile::AppendFile(AppendFile&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) { other.fd_ = -1; }
+
+AppendFile& AppendFile::operator=(AppendFile&& other) noexcept {
+  if (this != &other) {
+    close();
+    path_ = std::move(other.path_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+AppendFile::~AppendFile() { close(); }
+
+void AppendFile::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void AppendFile::append(const std::string& text) {
+  if (fd_ < 0) throw Error(path_, "", "append to a closed file");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd_, text.data() + done, text.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path_, "", "write failed: " + errno_text(errno));
+    }
+    done += static_cast<size_t>(w);
+  }
 }
 
 }  // namespace keel

@@ -18,4 +18,26 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // fsyncs the folder holding PATH (after a rename into it).
 void fsync_parent_directory(const std::string& path);
 
+// A log file written a line at a time (metrics.jsonl, events.jsonl): opened for appending,
+// created if absent. Every failed write (a full disk, a lost mount) is a keel::Error naming the
+// file, never a silently dropped line. Each append is one write(2) of the whole text.
+class AppendFile {
+ public:
+  AppendFile() = default;
+  explicit AppendFile(const std::string& path);
+  AppendFile(AppendFile&& other) noexcept;
+  AppendFile& operator=(AppendFile&& other) noexcept;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+
+  void append(const std::string& text);
+  void close();
+  bool is_open() const { return fd_ >= 0; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 }  // namespace keel

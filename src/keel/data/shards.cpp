@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 
 #include "keel/core/crc32c.hpp"
 #include "keel/core/error.hpp"
@@ -115,7 +117,13 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens, std::
 }
 
 TokenShard TokenShard::open(const std::string& path) {
-  return parse(map_file(path, "the token shard"), path);
+  TokenShard shard = parse(map_file(path, "the token shard"), path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    shard.identity_ = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) +
+                      ":" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  }
+  return shard;
 }
 
 TokenShard TokenShard::from_bytes(std::string contents, const std::string& source) {
@@ -265,6 +273,23 @@ void TokenShard::verify_data() const {
   }
 }
 
+void TokenShard::verify_data_once() const {
+  // Files this process has verified, by identity; a changed file (new mtime or size) is new.
+  static std::mutex mutex;
+  static std::set<std::string> verified;
+  if (!identity_.empty()) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (verified.count(identity_) != 0) return;
+  }
+  verify_data();
+  if (!identity_.empty()) {
+    std::lock_guard<std::mutex> lock(mutex);
+    verified.insert(identity_);
+  }
+}
+
+int64_t TokenShard::file_bytes() const { return static_cast<int64_t>(bytes_->size); }
+
 std::string shard_path(const std::string& dir, const std::string& split, int64_t index) {
   char name[32];
   std::snprintf(name, sizeof(name), "_%05lld.bin", static_cast<long long>(index));
@@ -330,6 +355,7 @@ TokenDataset TokenDataset::open(const std::string& dir, const std::string& split
     if (!fs::exists(path)) throw Error(path, "", "missing shard (numbering must run from 00000 without gaps)");
     ds.shards_.push_back(TokenShard::open(path));
     const TokenShard& s = ds.shards_.back();
+    s.verify_data_once();
     if (s.token_limit() > ds.vocab_size_hint_) {
       throw Error(path, "token limit", "ids up to " + std::to_string(s.token_limit() - 1) +
                                            " exceed meta.json's vocab_size_hint " + std::to_string(ds.vocab_size_hint_));

@@ -55,8 +55,13 @@ class TokenShard {
   int64_t token_limit() const { return token_limit_; }  // every id is below it (max id + 1)
   const std::string& path() const { return path_; }
   // Recomputes the CRC-32C of everything after the header and compares it with the one the
-  // header records: reads the whole file, so open() leaves it to callers that want it.
+  // header records; keel::Error(path, "data checksum", ...) on a mismatch. Reads the whole file,
+  // so open() leaves it to TokenDataset::open, which calls it once per shard per process.
   void verify_data() const;
+  // verify_data() unless this process already verified the same file (same device, inode, size
+  // and modification time): a run that opens its splits again pays once.
+  void verify_data_once() const;
+  int64_t file_bytes() const;  // the whole shard, header included
 
 
  private:
@@ -64,6 +69,7 @@ class TokenShard {
   static TokenShard parse(std::shared_ptr<const FileBytes> bytes, const std::string& source);
 
   std::string path_;
+  std::string identity_;  // device, inode, size and mtime of the file opened; empty from bytes
   std::shared_ptr<const FileBytes> bytes_;
   const std::byte* token_data_ = nullptr;
   int64_t tokens_ = 0;
@@ -79,7 +85,9 @@ class TokenShard {
 class TokenDataset {
  public:
   // split is "train" or "val"; reads DIR/meta.json and the files DIR/<split>_NNNNN.bin, which must
-  // be numbered 00000, 00001, ... without gaps and agree with the counts meta.json records.
+  // be numbered 00000, 00001, ... without gaps and agree with the counts meta.json records. Every
+  // shard's data checksum is verified (once per process, verify_data_once) before any token is
+  // handed out: a flipped byte is a keel::Error naming the shard, not silently wrong tokens.
   static TokenDataset open(const std::string& dir, const std::string& split);
 
   int64_t size() const { return total_tokens_; }

@@ -13,6 +13,7 @@
 #include "keel/core/files.hpp"
 #include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
+#include "keel/train/faults.hpp"
 #include "keel/train/run_dir.hpp"
 
 namespace keel::train {
@@ -46,7 +47,13 @@ void fsync_path(const fs::path& p) {
 void prune(const std::string& run_dir, const fs::path& root, int64_t keep) {
   std::error_code ec;
   auto complete = complete_checkpoints(run_dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i], ec);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
+    // COMMIT first: a kill during the removal leaves an incomplete checkpoint (ignored and swept
+    // up by the next save), never a "complete" one with files missing.
+    fs::remove(fs::path(complete[i]) / kCommitMarker, ec);
+    fsync_path(complete[i]);
+    fs::remove_all(complete[i], ec);
+  }
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string name = entry.path().filename().string();
@@ -75,8 +82,11 @@ void CheckpointWriter::tensor(const std::string& file, const std::string& name, 
   checksums_[file][name] = content_hash(data, static_cast<size_t>(numel) * sizeof(float));
 }
 
-void CheckpointWriter::write(const std::string& dir) const {
-  for (const File& f : files_) io::write_safetensors((fs::path(dir) / f.name).string(), f.tensors, f.metadata);
+void CheckpointWriter::write(const std::string& dir, int64_t step) const {
+  for (const File& f : files_) {
+    io::write_safetensors((fs::path(dir) / f.name).string(), f.tensors, f.metadata);
+    crash_point("checkpoint", step);
+  }
   nlohmann::json st = state_;
   st["checksums"] = checksums_;
   write_file_atomic((fs::path(dir) / "state.json").string(), st.dump(1) + "\n");
@@ -151,7 +161,7 @@ std::string Checkpoint::save(const std::string& run_dir, int64_t step, int64_t k
   try {
     CheckpointWriter out;
     for (const auto& [name, part] : parts_) part->save(out);
-    out.write(tmp.string());
+    out.write(tmp.string(), step);
     fsync_path(tmp);
     fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
     fs::rename(tmp, final_dir, ec);

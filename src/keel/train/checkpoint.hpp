@@ -44,7 +44,7 @@ class CheckpointWriter {
   nlohmann::json& state() { return state_; }
 
   // Writes the files and state.json (with the checksums) into dir.
-  void write(const std::string& dir) const;
+  void write(const std::string& dir, int64_t step) const;  // step: for crash_point only
 
  private:
   struct File {

@@ -4,10 +4,11 @@
 #include <vector>
 
 #include "keel/core/error.hpp"
+#include "keel/train/faults.hpp"
 
 namespace keel::train {
 
-double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, const RunConfig& c) {
+double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, const RunConfig& c, int64_t step) {
   const int64_t n = c.eval_batches * c.sequences;
   const int64_t span = val.size() - c.seq_len - 1;
   if (span < 0) throw Error(c.dataset, "batch.seq_len", "the validation split is shorter than seq_len + 1");
@@ -26,6 +27,7 @@ double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, cons
     auto r = model.forward_loss(tokens.data(), targets.data(), c.sequences, c.seq_len);
     ce += r.ce_sum;
     count += r.count;
+    if (b == 0) crash_point("eval", step);
   }
   return count ? ce / static_cast<double>(count) : 0.0;
 }
@@ -33,7 +35,7 @@ double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, cons
 void Evaluation::maybe_run(StepContext& step) {
   const bool due = (config_.eval_every > 0 && step.step % config_.eval_every == 0) || step.step == config_.steps;
   if (!due) return;
-  last_ = evaluate(model_, val_, config_);
+  last_ = evaluate(model_, val_, config_, step.step);
   step.evaluated = true;
   step.val_loss = last_;
 }

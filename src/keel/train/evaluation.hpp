@@ -12,7 +12,8 @@ namespace keel::train {
 
 // Mean next-token cross-entropy over fixed, evenly spaced windows of `val`: every evaluation of
 // every run sees the same validation tokens.
-double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, const RunConfig& config);
+double evaluate(nn::TransformerModel& model, const data::TokenDataset& val, const RunConfig& config,
+                int64_t step = -1);
 
 class Evaluation {
  public:

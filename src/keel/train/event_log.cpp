@@ -7,13 +7,11 @@ namespace keel::train {
 
 EventLog::EventLog(const std::string& path, bool fresh) : path_(path) {
   if (fresh) write_file_atomic(path, "");
-  out_.open(path, std::ios::app);
-  if (!out_) throw Error(path, "", "cannot open for writing");
+  out_ = AppendFile(path);
 }
 
 void EventLog::write(const nlohmann::json& event) {
-  out_ << event.dump() << "\n";
-  out_.flush();
+  out_.append(event.dump() + "\n");
 }
 
 }  // namespace keel::train

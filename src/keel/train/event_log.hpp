@@ -2,10 +2,11 @@
 // RUN_DIR/events.jsonl: the run's events (spikes, skips, rollbacks, damaged checkpoints, aborts),
 // one JSON object per line. Never truncated: metrics.jsonl is rewritten after a rollback or a
 // resume, this file keeps what happened.
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "keel/core/files.hpp"
 
 namespace keel::train {
 
@@ -17,7 +18,7 @@ class EventLog {
 
  private:
   std::string path_;
-  std::ofstream out_;
+  AppendFile out_;
 };
 
 }  // namespace keel::train

@@ -1,10 +1,14 @@
 #include "keel/train/faults.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "keel/core/error.hpp"
 #include "keel/core/rng.hpp"
 #include "keel/train/checkpoint.hpp"
 #include "keel/train/schedule.hpp"
@@ -60,6 +64,30 @@ void FaultPlan::after_checkpoint(int64_t step, const std::string& dir) {
     damage_pending_.erase(it);
     damage_checkpoint(dir);
   }
+}
+
+void crash_point(const char* phase, int64_t step) {
+  struct Target {
+    std::string phase;
+    int64_t step = -1;
+  };
+  static const Target target = [] {
+    Target t;
+    const char* env = std::getenv("KEEL_CRASH_AT");
+    if (env == nullptr || *env == '\0') return t;
+    const std::string text = env;
+    const size_t colon = text.find(':');
+    char* end = nullptr;
+    const long long s = colon == std::string::npos ? -1 : std::strtoll(text.c_str() + colon + 1, &end, 10);
+    t.phase = text.substr(0, colon);
+    if (colon == std::string::npos || end == nullptr || *end != '\0' || s < 0 ||
+        (t.phase != "forward" && t.phase != "eval" && t.phase != "checkpoint")) {
+      throw Error("KEEL_CRASH_AT", "", "'" + text + "' is not PHASE:STEP with PHASE forward, eval or checkpoint");
+    }
+    t.step = s;
+    return t;
+  }();
+  if (target.step == step && target.phase == phase) ::raise(SIGKILL);
 }
 
 void damage_checkpoint(const std::string& dir) {

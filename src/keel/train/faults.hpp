@@ -36,4 +36,11 @@ class FaultPlan {
 // Flips bytes in the middle of a checkpoint's weights.
 void damage_checkpoint(const std::string& dir);
 
+// The kill-anywhere tests' hook: with KEEL_CRASH_AT="PHASE:STEP" in the environment, the process
+// sends itself SIGKILL when it reaches PHASE at STEP: "forward" (after the step's first
+// micro-batch), "eval" (after the first evaluation batch), "checkpoint" (after the first tensor
+// file of the step's checkpoint is written, before its state and COMMIT). Without the variable
+// it costs one comparison. A malformed value is a keel::Error naming the variable.
+void crash_point(const char* phase, int64_t step);
+
 }  // namespace keel::train

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "keel/train/faults.hpp"
+
 namespace keel::train {
 
 namespace {
@@ -44,6 +46,7 @@ void forward_backward(nn::TransformerModel& model, BatchSource& batches, TrainSt
     step.ce_sum += r.ce_sum;
     step.z_sum += r.z_sum;
     observe(model, step.micro_batches, step.monitors);
+    if (a == 0) crash_point("forward", step.step);
   }
 }
 

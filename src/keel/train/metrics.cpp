@@ -72,18 +72,17 @@ json metrics_line(const StepContext& step, const TrainState& state, const arch::
 MetricsFile::MetricsFile(std::string path, const arch::ModelSpec& spec, bool fresh) : path_(std::move(path)), spec_(spec) {
   if (!fresh) return;
   write_file_atomic(path_, "");
-  out_.open(path_, std::ios::app);
+  out_ = AppendFile(path_);
 }
 
 void MetricsFile::write(const StepContext& step, const TrainState& state) {
-  out_ << metrics_line(step, state, spec_).dump() << "\n";
-  out_.flush();
+  out_.append(metrics_line(step, state, spec_).dump() + "\n");
 }
 
 void MetricsFile::rewind(int64_t step) {
-  if (out_.is_open()) out_.close();
+  out_.close();
   truncate_metrics(path_, step);
-  out_.open(path_, std::ios::app);
+  out_ = AppendFile(path_);
 }
 
 void TensorBoardMetrics::write(const StepContext& step, const TrainState& /*state*/) {
@@ -103,7 +102,8 @@ void truncate_metrics(const std::string& path, int64_t step) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step")) continue;  // a torn last line from a kill
+    // A torn last line from a kill or a full disk.
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
     if (j["step"].get<int64_t>() <= step) kept += line + "\n";
   }
   write_file_atomic(path, kept);

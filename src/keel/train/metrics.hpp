@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/arch/model_spec.hpp"
+#include "keel/core/files.hpp"
 #include "keel/train/checkpoint.hpp"
 #include "keel/train/step.hpp"
 #include "keel/train/tensorboard.hpp"
@@ -44,7 +45,7 @@ class MetricsFile : public MetricsSink {
  private:
   std::string path_;
   const arch::ModelSpec& spec_;
-  std::ofstream out_;
+  AppendFile out_;
 };
 
 // RUN_DIR/tensorboard: train/loss, train/lr, train/grad_norm, train/max_logit,

@@ -24,6 +24,7 @@
 #include "keel/core/error.hpp"
 #include "keel/core/files.hpp"
 #include "keel/io/run_dir.hpp"
+#include "keel/io/run_lock.hpp"
 
 extern char** environ;
 
@@ -361,6 +362,9 @@ RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>&
   std::error_code ec;
   fs::create_directories(sweep.out, ec);
   if (ec) throw Error(sweep.source, "sweep.out", "cannot create '" + sweep.out + "': " + ec.message());
+  // Before any run folder is cleared for a retry: a second supervisor of the same sweep is
+  // refused here, and each variant's trainer holds its own run folder's lock.
+  const io::FolderLock lock = io::FolderLock::acquire(sweep.out, io::kSweepLockFile, "keel compare");
 
   std::vector<ChildJob> children;
   for (const auto& j : todo) children.push_back({j.args, j.plan->log, "variant." + j.plan->name});

@@ -12,6 +12,7 @@
 #include "keel/core/files.hpp"
 #include "keel/data/shards.hpp"
 #include "keel/io/model_dir.hpp"
+#include "keel/io/run_lock.hpp"
 #include "keel/nn/model.hpp"
 #include "keel/train/checkpoint.hpp"
 #include "keel/train/optimizer_factory.hpp"
@@ -184,18 +185,31 @@ json load_model_config(const RunConfig& c) {
   return cfg.json;
 }
 
+// Opens both splits, so every shard's data checksum is verified before the run folder is touched
+// (the trainer opens them again; TokenDataset verifies a file once per process).
+void verify_run_data(const RunConfig& c) {
+  data::TokenDataset::open(c.dataset, "train");
+  data::TokenDataset::open(c.dataset, "val");
+}
+
 }  // namespace
 
 TrainResult train(const RunConfig& config, const TrainOptions& options) {
   const std::string run_dir = config.out;
-  if (latest_complete_checkpoint(run_dir)) {
-    throw Error(run_dir, "run.out", "already holds a run with checkpoints; continue it with `keel train --resume " +
-                                        run_dir + "` or choose another run.out");
-  }
+  auto refuse_existing = [&] {
+    if (latest_complete_checkpoint(run_dir)) {
+      throw Error(run_dir, "run.out", "already holds a run with checkpoints; continue it with `keel train --resume " +
+                                          run_dir + "` or choose another run.out");
+    }
+  };
+  refuse_existing();
   json model_config = load_model_config(config);
+  verify_run_data(config);
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) throw Error(run_dir, "run.out", "cannot create the run folder: " + ec.message());
+  const io::FolderLock lock = io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel train");
+  refuse_existing();  // again under the lock: another trainer may have finished in between
   write_file_atomic((fs::path(run_dir) / kRunConfigFile).string(), to_toml(config));
   write_file_atomic((fs::path(run_dir) / kModelConfigFile).string(), model_config.dump(2) + "\n");
   return run_loop(config, run_dir, model_config, false, options);
@@ -208,6 +222,8 @@ TrainResult resume(const std::string& run_dir, const std::vector<std::string>& o
   c.out = run_dir;
   const std::string cfg_path = (fs::path(run_dir) / kModelConfigFile).string();
   json model_config = arch::parse_config_text(read_file(cfg_path, "the run's model config"), cfg_path);
+  verify_run_data(c);
+  const io::FolderLock lock = io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel train --resume");
   if (!overrides.empty()) write_file_atomic(toml_path.string(), to_toml(c));
   options.resume = true;
   return run_loop(c, run_dir, model_config, true, options);
