@@ -20,6 +20,7 @@
 #include "cli_test_util.hpp"
 #include "keel/core/rng.hpp"
 #include "keel/data/shards.hpp"
+#include "keel/io/run_lock.hpp"
 #include "keel/train/run_dir.hpp"
 #include "keel/train/supervisor.hpp"
 #include "keel/train/sweep.hpp"
@@ -238,6 +239,38 @@ TEST_F(CompareCli, KilledCompareTakesItsChildrenAlongAndResumes) {
   const auto m = metrics_of(run);
   ASSERT_EQ(m.size(), 300u);
   for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i]["step"], static_cast<int64_t>(i + 1));
+}
+
+TEST_F(CompareCli, RefusesASweepOrRunFolderAnotherProcessHolds) {
+  ASSERT_EQ(first_.status, 0) << first_.err;
+  std::ofstream(dir_ / "held.toml") << "[sweep]\nbase = \"base.toml\"\nset = [\"run.steps=4\"]\n"
+                                       "out = \"runs_held\"\nreport = \"report_held\"\n[[variant]]\nname = \"v\"\n";
+  const fs::path out = dir_ / "runs_held", run = out / "v";
+  fs::create_directories(run);
+  const std::string pid = "in use by pid " + std::to_string(::getpid());
+  {
+    // Another keel compare of the same sweep: refused before any run folder is touched.
+    const io::FolderLock sweep_lock = io::FolderLock::acquire(out.string(), io::kSweepLockFile, "keel compare");
+    const auto r = run_keel("compare " + (dir_ / "held.toml").string());
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find(pid + " (keel compare)"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::exists(run));
+    EXPECT_FALSE(fs::exists(run / "metrics.jsonl"));
+  }
+  {
+    // A trainer holding the variant's folder: the folder is neither cleared nor trained into.
+    std::ofstream(run / "metrics.jsonl") << "";
+    const io::FolderLock run_lock = io::FolderLock::acquire(run.string(), io::kRunLockFile, "keel train");
+    const auto r = run_keel("compare " + (dir_ / "held.toml").string());
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find(pid + " (keel train)"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::exists(run / "metrics.jsonl"));
+    EXPECT_EQ(fs::file_size(run / "metrics.jsonl"), 0u);
+  }
+  // Both released: the sweep runs.
+  const auto r = run_keel("compare " + (dir_ / "held.toml").string());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(metrics_of(run).size(), 4u);
 }
 
 }  // namespace

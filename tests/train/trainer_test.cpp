@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "keel/core/rng.hpp"
 #include "keel/data/shards.hpp"
 #include "keel/io/safetensors.hpp"
+#include "keel/train/checkpoint.hpp"
 #include "keel/train/run_dir.hpp"
 
 namespace keel::train {
@@ -405,6 +407,249 @@ TEST_F(Trainer, FullDiskWhileCheckpointingKeepsEarlierCheckpoints) {
   // The intact checkpoint still resumes.
   auto ok = testing::run_keel("train --resume " + (dir_ / "run").string() + " --set run.steps=6");
   EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// Runs `sh -c SCRIPT` and returns the raw wait status.
+int run_shell(const std::string& script) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
+
+TEST_F(Trainer, RealFullDiskWhileCheckpointingKeepsEarlierCheckpointsAndNamesTheFile) {
+  // A real file system that fills up: a tmpfs mounted in a private mount namespace (unshare; as
+  // root, or as a user where user namespaces are allowed), sized from a run on the normal disk so
+  // that the third checkpoint cannot be written.
+  const std::string every = "--set checkpoint.every=5 --set checkpoint.keep=10 --set run.steps=20";
+  auto reference = testing::run_keel(run_cmd((dir_ / "reference").string(), every));
+  ASSERT_EQ(reference.status, 0) << reference.err;
+  auto pages = [](const fs::path& dir) {
+    uintmax_t bytes = 0;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (e.is_regular_file()) bytes += (e.file_size() + 4095) / 4096 * 4096;
+    }
+    return bytes;
+  };
+  const uintmax_t checkpoint = pages(dir_ / "reference" / "checkpoints" / "step_00000005");
+  const uintmax_t size = 2 * checkpoint + checkpoint / 2 + 64 * 1024;  // two checkpoints, logs, half a third
+  const fs::path mnt = dir_ / "mnt", copy = dir_ / "copy";
+  fs::create_directories(mnt);
+  const std::string inner = "mount -t tmpfs -o size=" + std::to_string(size) + " keel-full-disk " + quoted(mnt) +
+                            " || exit 90; " + std::string(KEEL_BINARY) + " " + run_cmd((mnt / "run").string(), every) +
+                            " >" + quoted(dir_ / "out.txt") + " 2>" + quoted(dir_ / "err.txt") + "; echo \\$? >" +
+                            quoted(dir_ / "status.txt") + "; df -B1 " + quoted(mnt) + " >>" + quoted(dir_ / "out.txt") +
+                            "; cp -a " + quoted(mnt / "run") + " " + quoted(copy);
+  const int raw = run_shell("if unshare -m true 2>/dev/null; then U='unshare -m'; else U='unshare -rm'; fi; exec $U sh -c \"" +
+                            inner + "\"");
+  ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0)
+      << "could not run keel on a small tmpfs in a private mount namespace (unshare -m / -rm): status " << raw;
+  const std::string err = testing::slurp((dir_ / "err.txt").string());
+  EXPECT_EQ(testing::slurp((dir_ / "status.txt").string()), "2\n") << err << testing::slurp((dir_ / "out.txt").string());
+  // One line, naming the file that could not be written and why.
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_NE(err.find((mnt / "run" / "checkpoints").string()), std::string::npos) << err;
+  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  // The two earlier checkpoints are complete; nothing half-written is left.
+  const auto kept = complete_checkpoints(copy.string());
+  ASSERT_EQ(kept.size(), 2u) << err;
+  EXPECT_EQ(fs::path(kept.back()).filename(), "step_00000010");
+  for (const auto& e : fs::directory_iterator(copy / "checkpoints")) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+  }
+  // With room again, the run resumes from them and ends exactly as the uninterrupted one.
+  auto resumed = testing::run_keel("train --resume " + copy.string());
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  const auto a = metrics(dir_ / "reference"), b = metrics(copy);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << "step " << i + 1;
+}
+
+TEST_F(Trainer, CorruptedShardIsRefusedBeforeTheRunFolderIsTouched) {
+  // One token changed to another valid id: only the shard's data checksum can see it.
+  const fs::path shard = dir_ / "data" / "train_00000.bin";
+  auto flip_token = [&] {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64 + 2 * 5000);
+    char c = 0;
+    f.get(c);
+    f.seekp(64 + 2 * 5000);
+    f.put(static_cast<char>(c == 1 ? 2 : 1));
+  };
+  auto ok = testing::run_keel(run_cmd((dir_ / "run").string(), "--set run.steps=5"));
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  auto verified = testing::run_keel("data verify " + (dir_ / "data").string());
+  EXPECT_EQ(verified.status, 0) << verified.err;
+  EXPECT_NE(verified.out.find("all shards verified"), std::string::npos) << verified.out;
+  flip_token();
+
+  auto fresh = testing::run_keel(run_cmd((dir_ / "new").string()));
+  EXPECT_EQ(fresh.status, 2);
+  EXPECT_EQ(fresh.err, "keel: error: " + shard.string() +
+                           ": field 'data checksum': CRC-32C of the tokens and document table does not match the header "
+                           "(corrupted data)\n");
+  EXPECT_FALSE(fs::exists(dir_ / "new")) << "nothing may be written for a run on corrupted data";
+
+  const std::string before = testing::slurp((dir_ / "run" / "metrics.jsonl").string()),
+                    toml_before = testing::slurp((dir_ / "run" / "run.toml").string());
+  auto resumed = testing::run_keel("train --resume " + (dir_ / "run").string() + " --set run.steps=10");
+  EXPECT_EQ(resumed.status, 2);
+  EXPECT_NE(resumed.err.find(shard.string() + ": field 'data checksum'"), std::string::npos) << resumed.err;
+  EXPECT_EQ(testing::slurp((dir_ / "run" / "metrics.jsonl").string()), before);
+  EXPECT_EQ(testing::slurp((dir_ / "run" / "run.toml").string()), toml_before) << "--set was not written back";
+
+  auto check = testing::run_keel("data verify " + (dir_ / "data").string());
+  EXPECT_EQ(check.status, 2);
+  EXPECT_NE(check.err.find(shard.string() + ": field 'data checksum'"), std::string::npos) << check.err;
+  EXPECT_NE(check.out.find("train 1 shards, 20000 tokens"), std::string::npos) << check.out;
+  EXPECT_NE(check.out.find("1 bad"), std::string::npos) << check.out;
+}
+
+// Starts keel with ARGS in the background (optionally with KEEL_CRASH_AT) and returns its pid.
+pid_t start_keel(const std::string& args, const std::string& crash_at = "") {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!crash_at.empty()) setenv("KEEL_CRASH_AT", crash_at.c_str(), 1);
+    const std::string cmd = "exec " + std::string(KEEL_BINARY) + " " + args + " >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST_F(Trainer, SecondTrainerOnTheSameRunFolderIsRefusedAndAKilledOneLeavesNoLock) {
+  const fs::path run = dir_ / "run";
+  const std::string args = run_cmd(run.string(), "--set run.steps=100000 --set checkpoint.every=5");
+  const pid_t first = start_keel(args);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!latest_complete_checkpoint(run.string()) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(latest_complete_checkpoint(run.string()).has_value());
+  const std::string holder = "in use by pid " + std::to_string(first);
+  // A second fresh start and a resume of the live run are both refused, naming the holder.
+  for (const std::string& second : {args, "train --resume " + run.string()}) {
+    auto r = testing::run_keel(second);
+    EXPECT_EQ(r.status, 2) << second;
+    if (second == args) {
+      // A fresh start into a folder with checkpoints is refused either way; the lock comes first
+      // only when there are none yet, so check the message that applies.
+      EXPECT_NE(r.err.find("run.out"), std::string::npos) << r.err;
+    } else {
+      EXPECT_NE(r.err.find(holder + " (keel train)"), std::string::npos) << r.err;
+    }
+  }
+  kill(first, SIGKILL);
+  int status = 0;
+  waitpid(first, &status, 0);
+  // Killed: no stale lock; the run resumes.
+  auto resumed = testing::run_keel("train --resume " + run.string() + " --set run.steps=12");
+  EXPECT_EQ(resumed.status, 0) << resumed.err;
+}
+
+TEST_F(Trainer, TwoFreshStartsAtOnceOnlyOneTrains) {
+  // Both find the folder empty; the lock decides. The loser names the winner and writes nothing.
+  const fs::path run = dir_ / "run";
+  const std::string args = run_cmd(run.string(), "--set run.steps=100000 --set checkpoint.every=1000");
+  const pid_t first = start_keel(args);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto second = testing::run_keel(args);
+  EXPECT_EQ(second.status, 2);
+  EXPECT_NE(second.err.find(run.string() + ": in use by pid " + std::to_string(first) + " (keel train)"),
+            std::string::npos)
+      << second.err;
+  const auto size = fs::file_size(run / "metrics.jsonl");
+  EXPECT_GT(size, 0u) << "the first trainer's metrics survive the second's attempt";
+  kill(first, SIGKILL);
+  int status = 0;
+  waitpid(first, &status, 0);
+}
+
+TEST_F(Trainer, SoakKilledAtRandomMomentsLosesNothing) {
+  // 420 steps, killed with SIGKILL 12 times: 3 each during a forward pass, during a checkpoint
+  // write (after its first tensor file), during an evaluation (KEEL_CRASH_AT), and 3 at random
+  // wall-clock moments; resumed after each kill. The end must match the uninterrupted run bit for
+  // bit, every step logged once.
+  const int64_t steps = 420, every = 20, eval_every = 25;
+  const std::string settings = "--set run.steps=420 --set checkpoint.every=20 --set checkpoint.keep=3 "
+                               "--set eval.every=25 --set run.log_every=100";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto full = testing::run_keel(run_cmd((dir_ / "full").string(), settings));
+  ASSERT_EQ(full.status, 0) << full.err;
+  const double seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+  const auto reference = metrics(dir_ / "full");
+  ASSERT_EQ(reference.size(), static_cast<size_t>(steps));
+
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("soak seed " + std::to_string(seed));
+  const fs::path run = dir_ / "soak";
+  auto resume_point = [&] {
+    auto last = latest_complete_checkpoint(run.string());
+    return last ? checkpoint_step(*last) : int64_t{0};
+  };
+  auto command = [&] {
+    return resume_point() > 0 ? "train --resume " + run.string() : run_cmd(run.string(), settings);
+  };
+  // A multiple of `period` in (from, from + 60], at most `steps`; the first such step past `from`.
+  auto pick = [&](int64_t from, int64_t period) {
+    std::vector<int64_t> candidates;
+    for (int64_t s = (from / period + 1) * period; s <= std::min(from + 60, steps); s += period) candidates.push_back(s);
+    if (candidates.empty()) return std::min(steps, (from / period + 1) * period);
+    return candidates[rng() % candidates.size()];
+  };
+  const std::vector<std::string> plan = {"forward", "checkpoint", "eval", "random", "forward", "checkpoint",
+                                         "eval", "random", "checkpoint", "forward", "eval", "random"};
+  int kills = 0;
+  for (const std::string& kind : plan) {
+    const int64_t from = resume_point();
+    int status = 0;
+    if (kind == "random") {
+      const pid_t pid = start_keel(command());
+      const double delay = seconds_per_step * static_cast<double>(rng() % 40 + 1);
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    } else {
+      const int64_t at = kind == "forward"      ? from + 1 + static_cast<int64_t>(rng() % 40)
+                         : kind == "checkpoint" ? pick(from, every)
+                                                : pick(from, eval_every);
+      const pid_t pid = start_keel(command(), kind + ":" + std::to_string(std::min(at, steps)));
+      waitpid(pid, &status, 0);
+      if (kind == "checkpoint") {
+        bool partial = false;
+        for (const auto& e : fs::directory_iterator(run / "checkpoints")) {
+          partial = partial || e.path().filename().string().find(".tmp-") != std::string::npos;
+        }
+        EXPECT_TRUE(partial) << "killed during a checkpoint write: its temporary folder stays behind";
+      }
+    }
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << kind << " kill from step " << from << ": the run ended by itself (status " << status << ")";
+    ++kills;
+    EXPECT_GE(resume_point(), from) << "a kill never loses a complete checkpoint";
+  }
+  EXPECT_GE(kills, 10);
+  auto last = testing::run_keel(command());
+  ASSERT_EQ(last.status, 0) << last.err;
+  const auto soak = metrics(run);
+  ASSERT_EQ(soak.size(), reference.size()) << "every step logged exactly once";
+  for (size_t i = 0; i < reference.size(); ++i) {
+    ASSERT_EQ(soak[i]["step"], static_cast<int64_t>(i + 1));
+    EXPECT_EQ(soak[i]["loss"].dump(), reference[i]["loss"].dump()) << "step " << i + 1;
+    EXPECT_EQ(soak[i]["grad_norm"].dump(), reference[i]["grad_norm"].dump()) << "step " << i + 1;
+    EXPECT_EQ(soak[i].value("val_loss", json()).dump(), reference[i].value("val_loss", json()).dump()) << "step " << i + 1;
+  }
 }
 
 // --- Spike handling under injected faults ([faults], spike_guard.hpp) ---

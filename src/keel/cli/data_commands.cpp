@@ -116,9 +116,9 @@ int verify_split(const std::string& dir, const std::string& split, int64_t shard
     const std::string path = data::shard_path(dir, split, i);
     try {
       const data::TokenShard shard = data::TokenShard::open(path);
-      shard.verify_data();
       bytes += shard.file_bytes();
       tokens += shard.size();
+      shard.verify_data();
     } catch (const Error& e) {
       std::fprintf(stderr, "keel: %s\n", e.what());
       ++bad;

@@ -194,6 +194,8 @@ void clear_run_dir(const SweepJob& job) {
                           fs::exists(fs::path(p.run_dir) / io::kMetricsFile) ||
                           fs::exists(fs::path(p.run_dir) / kSweepStatusFile) || fs::is_empty(p.run_dir);
     if (!run_like) throw Error(p.run_dir, "", "exists and is not a run folder; move it away so variant '" + p.name + "' can use it");
+    // A trainer still writing here (a hand-started run, another sweep) keeps its folder.
+    const io::FolderLock held = io::FolderLock::acquire(p.run_dir, io::kRunLockFile, "keel compare");
     fs::remove_all(p.run_dir);
   }
 }
