@@ -82,6 +82,22 @@ TEST(RunConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_field("[run\nsteps = 3\n"), "");  // not TOML at all: the file is named, no field
 }
 
+TEST(RunConfig, SpikesGradNormSignalParsesRoundTripsAndIsChecked) {
+  EXPECT_EQ(parse_run_config(kBase, "run.toml").spikes.grad_norm, GradNormSignal::WithLoss);
+  RunConfig a = parse_run_config(kBase, "run.toml", {"spikes.grad_norm=alone", "spikes.threshold=7"});
+  EXPECT_EQ(a.spikes.grad_norm, GradNormSignal::Alone);
+  EXPECT_EQ(parse_run_config(to_toml(a), "again.toml").spikes.grad_norm, GradNormSignal::Alone);
+  EXPECT_EQ(error_field(kBase, {"spikes.grad_norm=sometimes"}), "spikes.grad_norm");
+  EXPECT_EQ(error_field(kBase, {"spikes.grad_norm=1"}), "spikes.grad_norm");
+  // The [spikes] section alone (keel spikes): defaults from nothing, the same checks.
+  const SpikeConfig only = parse_spike_config("", "x", {"spikes.grad_norm=off", "spikes.window=50"});
+  EXPECT_EQ(only.grad_norm, GradNormSignal::Off);
+  EXPECT_EQ(only.window, 50);
+  EXPECT_DOUBLE_EQ(parse_spike_config(kBase, "run.toml").threshold, 6.0);
+  EXPECT_THROW(parse_spike_config("", "x", {"spikes.threshold=-1"}), Error);
+  EXPECT_THROW(parse_spike_config("[spikes]\nwindw = 3\n", "x"), Error);
+}
+
 TEST(RunConfig, TomlRoundTrip) {
   RunConfig a = parse_run_config(kBase, "run.toml");
   RunConfig b = parse_run_config(to_toml(a), "again.toml");

@@ -58,14 +58,74 @@ TEST(SpikeGuard, NoFalseAlarmsOnANoisyFallingLossThenCatchesASpike) {
   EXPECT_EQ(v.signal, "loss");
   EXPECT_GT(v.threshold, 4.0);
   EXPECT_LT(v.threshold, 5.0);
-  // A grad norm 5x its level, loss normal.
-  v = guard.check(4.0, 2.5);
+  // A grad norm 5x its level with the loss normal: an outlier healthy runs have, not a spike.
+  EXPECT_FALSE(guard.check(4.0, 2.5).spike);
+  // The same with the loss raised too (above threshold/2 deviations, below the loss limit).
+  v = guard.check(4.0 + 0.8 * (guard.check(100.0, 0.5).threshold - 4.0), 2.5);
   EXPECT_TRUE(v.spike);
   EXPECT_EQ(v.signal, "grad_norm");
   EXPECT_GT(v.threshold, 0.5);
   EXPECT_LT(v.threshold, 2.5);
   // 10% above is not a spike.
   EXPECT_FALSE(guard.check(4.0, 0.55).spike);
+}
+
+TEST(SpikeGuard, GradNormSignalModes) {
+  // One window, three settings: alone calls a lone grad-norm outlier, with_loss needs the loss
+  // raised as well, off never looks at the grad norm.
+  auto filled = [](GradNormSignal mode) {
+    SpikeConfig c;
+    c.grad_norm = mode;
+    SpikeGuard g(c);
+    for (int i = 0; i < 100; ++i) {
+      g.accept(3.0 + 0.02 * normal_at(9, 1, static_cast<uint64_t>(i)), 0.5 * std::exp(0.1 * normal_at(9, 2, static_cast<uint64_t>(i))));
+    }
+    return g;
+  };
+  const SpikeGuard alone = filled(GradNormSignal::Alone), with_loss = filled(GradNormSignal::WithLoss),
+                   off = filled(GradNormSignal::Off);
+  const double loss_limit = with_loss.check(100.0, 0.5).threshold;
+  const double raised = 3.0 + 0.7 * (loss_limit - 3.0);  // 0.7 x 6 = 4.2 deviations: "raised"
+  EXPECT_EQ(alone.check(3.0, 5.0).signal, "grad_norm");
+  EXPECT_FALSE(with_loss.check(3.0, 5.0).spike);
+  EXPECT_EQ(with_loss.check(raised, 5.0).signal, "grad_norm");
+  EXPECT_FALSE(with_loss.check(raised, 0.5).spike) << "a raised loss alone, below its limit, is no spike";
+  EXPECT_FALSE(off.check(raised, 50.0).spike);
+  EXPECT_EQ(off.check(100.0, 0.5).signal, "loss");
+  EXPECT_EQ(off.check(3.0, std::nan("")).signal, "nonfinite_grad");
+  EXPECT_EQ(parse_grad_norm_signal("with_loss"), GradNormSignal::WithLoss);
+  EXPECT_STREQ(to_string(GradNormSignal::Alone), "alone");
+  EXPECT_THROW(parse_grad_norm_signal("sometimes"), std::invalid_argument);
+}
+
+TEST(SpikeGuard, ReplayCallsWhatTheOnlineGuardCalls) {
+  SpikeConfig c;
+  c.grad_norm = GradNormSignal::Alone;
+  std::vector<int64_t> steps;
+  std::vector<double> loss, grad;
+  for (int i = 0; i < 300; ++i) {
+    steps.push_back(i + 1);
+    loss.push_back(5.0 + 3.0 * std::exp(-i / 50.0) + 0.03 * normal_at(4, 1, static_cast<uint64_t>(i)));
+    grad.push_back(0.8 * std::exp(0.15 * normal_at(4, 2, static_cast<uint64_t>(i))));
+  }
+  loss[150] *= 2;        // a loss jump
+  grad[200] *= 40;       // a lone grad-norm outlier
+  loss[250] = std::nan("");
+  SpikeGuard online(c);
+  std::vector<int64_t> called;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (online.check(loss[i], grad[i]).spike) called.push_back(steps[i]);
+    online.accept(loss[i], grad[i]);
+  }
+  const auto replayed = replay_spike_guard(c, steps, loss, grad);
+  ASSERT_EQ(replayed.size(), called.size());
+  for (size_t i = 0; i < called.size(); ++i) EXPECT_EQ(replayed[i].step, called[i]);
+  ASSERT_EQ(replayed.size(), 3u);
+  EXPECT_EQ(replayed[0].verdict.signal, "loss");
+  EXPECT_EQ(replayed[1].verdict.signal, "grad_norm");
+  EXPECT_EQ(replayed[2].verdict.signal, "nonfinite_loss");
+  c.grad_norm = GradNormSignal::WithLoss;
+  EXPECT_EQ(replay_spike_guard(c, steps, loss, grad).size(), 2u) << "the lone outlier is not called by default";
 }
 
 TEST(SpikeGuard, NonFiniteIsAlwaysASpikeEvenWithoutHistory) {

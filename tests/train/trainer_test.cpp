@@ -615,8 +615,16 @@ TEST_F(Trainer, SoakKilledAtRandomMomentsLosesNothing) {
     const int64_t from = resume_point();
     int status = 0;
     if (kind == "random") {
+      // Once the run is past its resume point (training, not starting up), 0-30 steps later.
       const pid_t pid = start_keel(command());
-      const double delay = seconds_per_step * static_cast<double>(rng() % 40 + 1);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (std::chrono::steady_clock::now() < deadline) {
+        std::ifstream in(run / "metrics.jsonl");
+        const auto lines = std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+        if (lines > from) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      const double delay = seconds_per_step * static_cast<double>(rng() % 31);
       std::this_thread::sleep_for(std::chrono::duration<double>(delay));
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   keel::cli::register_tokenizer_commands(app);
   keel::cli::register_report_commands(app);
   keel::cli::register_compare_commands(app);
+  keel::cli::register_spike_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -200,6 +200,11 @@ void read_spikes_section(TomlSection spikes, RunConfig& c) {
   if (c.spikes.min_history > c.spikes.window) spikes.fail("min_history", "exceeds spikes.window (the window never fills)");
   c.spikes.max_skips = spikes.integer_or("max_skips", c.spikes.max_skips, 0);
   c.spikes.max_rollbacks = spikes.integer_or("max_rollbacks", c.spikes.max_rollbacks, 0);
+  try {
+    c.spikes.grad_norm = parse_grad_norm_signal(spikes.string_or("grad_norm", "with_loss"));
+  } catch (const std::invalid_argument& e) {
+    spikes.fail("grad_norm", e.what());
+  }
   spikes.finish();
 }
 
@@ -257,6 +262,21 @@ RunConfig parse_run_config(const std::string& text, const std::string& source, c
   return type_config(root, source);
 }
 
+SpikeConfig parse_spike_config(const std::string& text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& err) {
+    throw Error(source, "", "not valid TOML at line " + std::to_string(err.source().begin.line) + ": " +
+                                std::string(err.description()));
+  }
+  for (const auto& item : overrides) apply_override(root, item, source);
+  RunConfig c;
+  read_spikes_section(TomlSection(root.get_as<toml::table>("spikes"), "spikes", source), c);
+  return c.spikes;
+}
+
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_run_config(read_file(path, "the run config"), path, overrides);
 }
@@ -297,7 +317,8 @@ std::string to_toml(const RunConfig& c) {
   root.insert("checkpoint", toml::table{{"every", c.checkpoint_every}, {"keep", c.checkpoint_keep}});
   root.insert("spikes", toml::table{{"policy", to_string(c.spikes.policy)}, {"window", c.spikes.window},
                                      {"threshold", c.spikes.threshold}, {"min_history", c.spikes.min_history},
-                                     {"max_skips", c.spikes.max_skips}, {"max_rollbacks", c.spikes.max_rollbacks}});
+                                     {"max_skips", c.spikes.max_skips}, {"max_rollbacks", c.spikes.max_rollbacks},
+                                     {"grad_norm", to_string(c.spikes.grad_norm)}});
   auto step_array = [](const std::vector<int64_t>& steps) {
     toml::array a;
     for (int64_t s : steps) a.push_back(s);

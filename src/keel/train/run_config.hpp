@@ -66,6 +66,10 @@ struct RunConfig {
 RunConfig parse_run_config(const std::string& text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Only the [spikes] section of TEXT (may be empty: the defaults) with the overrides, checked as
+// in a full config; for `keel spikes` on runs whose run.toml is gone or does not parse today.
+SpikeConfig parse_spike_config(const std::string& text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
 
 // The TOML text of a typed config (written into the run folder; parses back to the same config).
 std::string to_toml(const RunConfig& c);

@@ -24,6 +24,22 @@ const char* to_string(SpikePolicy policy) {
   return "?";
 }
 
+GradNormSignal parse_grad_norm_signal(const std::string& name) {
+  if (name == "with_loss") return GradNormSignal::WithLoss;
+  if (name == "alone") return GradNormSignal::Alone;
+  if (name == "off") return GradNormSignal::Off;
+  throw std::invalid_argument("unknown grad_norm signal '" + name + "'; supported: with_loss, alone, off");
+}
+
+const char* to_string(GradNormSignal signal) {
+  switch (signal) {
+    case GradNormSignal::WithLoss: return "with_loss";
+    case GradNormSignal::Alone: return "alone";
+    case GradNormSignal::Off: return "off";
+  }
+  return "?";
+}
+
 namespace {
 
 double median_of(std::vector<double>& v) {
@@ -65,8 +81,11 @@ SpikeVerdict SpikeGuard::check(double loss, double grad_norm) const {
   // call every tiny wobble a spike. 1% of the loss; 10% of the grad norm (on the log scale),
   // which moves more from step to step than its successive differences suggest.
   const RobustStats l = window_stats(loss_);
-  const double loss_limit = l.median + config_.threshold * std::max(l.deviation, 0.01 * std::abs(l.median));
+  const double loss_noise = std::max(l.deviation, 0.01 * std::abs(l.median));
+  const double loss_limit = l.median + config_.threshold * loss_noise;
   if (loss > loss_limit) return {true, "loss", loss, loss_limit};
+  if (config_.grad_norm == GradNormSignal::Off) return {};
+  if (config_.grad_norm == GradNormSignal::WithLoss && loss <= l.median + 0.5 * config_.threshold * loss_noise) return {};
   const RobustStats g = window_stats(log_grad_);
   const double log_limit = g.median + config_.threshold * std::max(g.deviation, 0.1);
   if (grad_norm > 0 && std::log(grad_norm) > log_limit) return {true, "grad_norm", grad_norm, std::exp(log_limit)};
@@ -81,6 +100,18 @@ void SpikeGuard::accept(double loss, double grad_norm) {
     loss_.pop_front();
     log_grad_.pop_front();
   }
+}
+
+std::vector<ReplayedSpike> replay_spike_guard(const SpikeConfig& config, const std::vector<int64_t>& steps,
+                                              const std::vector<double>& loss, const std::vector<double>& grad_norm) {
+  SpikeGuard guard(config);
+  std::vector<ReplayedSpike> out;
+  for (size_t i = 0; i < steps.size() && i < loss.size() && i < grad_norm.size(); ++i) {
+    const SpikeVerdict v = guard.check(loss[i], grad_norm[i]);
+    if (v.spike) out.push_back({steps[i], v});
+    guard.accept(loss[i], grad_norm[i]);
+  }
+  return out;
 }
 
 nlohmann::json SpikeGuard::state() const {
