@@ -101,6 +101,15 @@ FIXTURES = {
                    "rope_theta": 1000000, "attention_bias": False, "tie_word_embeddings": True,
                    "initializer_range": 0.02},
     },
+    "olmo2": {
+        # Post-sublayer norms (no input norm), QK-Norm over the full q and k widths (GQA 4/2:
+        # k_norm is 2 x 8 wide), untied head, rope_theta and eps of the released configs.
+        "config": {"model_type": "olmo2", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 88,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06,
+                   "rope_theta": 500000, "attention_bias": False, "tie_word_embeddings": False,
+                   "initializer_range": 0.02},
+    },
     "llama_layernorm_post": {
         "config": llama_variant({"norm": "layernorm", "norm_placement": "post"}),
         # Post-norm feeds the raw embedding to layer 0's attention: draw it at unit scale so
@@ -286,7 +295,7 @@ def check_attention_naive(name, s, params, tokens):
     B, T = tokens.shape
     p = params
     x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"]) * s.get("embed_scale", 1.0)
-    if s["placement"] != "post":
+    if s["placement"] not in ("post", "post_sublayer"):  # those have no norm before attention
         x = rm.apply_norm(s, p, "model.layers.0.input_layernorm", x)
     cos, sin = rm.rope_cos_sin(s, T)
     want = rm.decoder_attention(s, p, "model.layers.0.self_attn", x, cos, sin, None)
@@ -308,11 +317,14 @@ def check_attention_naive(name, s, params, tokens):
         return out
 
     def head_vec(n, b, t, h):
-        v = lin(n, x[b, t])[h * hd:(h + 1) * hd]
+        full = lin(n, x[b, t])
         if s["qk_norm"] and n in ("q_proj", "k_proj"):
             w = p[pre + ("q_norm" if n == "q_proj" else "k_norm") + ".weight"]
-            v = w * v / torch.sqrt((v * v).mean() + s["eps"])
-        return v
+            if s.get("qk_full"):  # OLMo 2: one RMS over the token's whole projection, one gain per element
+                return (w * full / torch.sqrt((full * full).mean() + s["eps"]))[h * hd:(h + 1) * hd]
+            v = full[h * hd:(h + 1) * hd]
+            return w * v / torch.sqrt((v * v).mean() + s["eps"])
+        return full[h * hd:(h + 1) * hd]
 
     got = torch.zeros_like(want)
     for b in range(B):

@@ -5,11 +5,11 @@ Every block below names the transformers function it reproduces. Everything runs
 dtype the parameters have; make_fixtures.py uses torch.float64 so that the fixtures hold the
 exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-ops).
 
-Families: gpt2, llama, mistral, qwen2, qwen3, deepseek_v3 / kimi_k2 with Multi-head Latent
+Families: gpt2, llama, mistral, qwen2, qwen3, olmo2, deepseek_v3 / kimi_k2 with Multi-head Latent
 Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), and the MoE
 families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), plus keel's
 variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
-norm_placement (pre|post|sandwich), qk_norm, qkv_bias, z_loss, attn_softcap, final_softcap,
+norm_placement (pre|post|sandwich|post_sublayer), qk_norm (bool, "per_head", "full_width"), qkv_bias, z_loss, attn_softcap, final_softcap,
 embed_scale (a number or "sqrt_hidden").
 
 Parameters are a dict {hf_name: tensor} with exactly the names and shapes of the HF
@@ -38,6 +38,7 @@ _FAMILY_DEFAULTS = {
     "mixtral": (1e-5, 1e6, False, None),       # MixtralConfig
     "qwen3_moe": (1e-6, 10000.0, False, 128),  # Qwen3MoeConfig
     "glm4_moe": (1e-5, 10000.0, False, 128),   # Glm4MoeConfig (partial_rotary_factor 0.5)
+    "olmo2": (1e-5, 10000.0, False, None),     # Olmo2Config
 }
 
 _MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
@@ -113,21 +114,28 @@ def resolve(cfg):
         qkv_bias, o_bias, mlp_bias = False, False, False
     elif mt == "glm4_moe":  # Glm4MoeAttention: q,k,v bias=config.attention_bias, o_proj bias=False
         qkv_bias, o_bias, mlp_bias = attention_bias, False, False
-    else:                  # Qwen3Attention / Qwen3MoeAttention: q,k,v,o bias=config.attention_bias
+    else:                  # Qwen3Attention / Qwen3MoeAttention / Olmo2Attention: q,k,v,o bias=config.attention_bias
         qkv_bias, o_bias, mlp_bias = attention_bias, attention_bias, False
-    qk_norm = mt in ("qwen3", "qwen3_moe")  # Qwen3Attention.q_norm / k_norm
+    qk_norm = mt in ("qwen3", "qwen3_moe", "olmo2")  # Qwen3Attention / Olmo2Attention q_norm, k_norm
+    # Olmo2Attention: q_norm = Olmo2RMSNorm(num_heads * head_dim), k_norm over num_kv_heads * head_dim
+    qk_full = mt == "olmo2"
     if mt == "glm4_moe":
         qk_norm = bool(cfg.get("use_qk_norm", False))
     if "qkv_bias" in keel:   # keel: switches only q, k, v biases
         qkv_bias = bool(keel["qkv_bias"])
     if "qk_norm" in keel:
-        qk_norm = bool(keel["qk_norm"])
+        if isinstance(keel["qk_norm"], str):
+            qk_norm, qk_full = True, keel["qk_norm"] == "full_width"
+        else:
+            qk_norm = bool(keel["qk_norm"])
+    # Olmo2DecoderLayer: no input_layernorm; post_attention / post_feedforward norms after each sublayer.
+    placement_d = "post_sublayer" if mt == "olmo2" else "pre"
     s.update(
         hidden=H, heads=heads, kv_heads=kv, head_dim=head_dim, layers=cfg["num_hidden_layers"],
         vocab=cfg["vocab_size"], inter=cfg["intermediate_size"], act=cfg.get("hidden_act", "silu"),
         eps=float(cfg.get("rms_norm_eps", eps_d)), norm=keel.get("norm", "rmsnorm"),
-        placement=keel.get("norm_placement", "pre"), tie=bool(cfg.get("tie_word_embeddings", tie_d)),
-        qk_norm=qk_norm, qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, gated=True,
+        placement=keel.get("norm_placement", placement_d), tie=bool(cfg.get("tie_word_embeddings", tie_d)),
+        qk_norm=qk_norm, qk_full=qk_full, qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, gated=True,
         rope={"theta": float(cfg.get("rope_theta", theta_d)), "scaling": cfg.get("rope_scaling")},
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H),
@@ -239,9 +247,9 @@ def tensor_layout(s):
         linear(p + ".k_proj", nkv * hd, H, s["qkv_bias"])
         linear(p + ".v_proj", nkv * hd, H, s["qkv_bias"])
         linear(p + ".o_proj", H, nh * hd, s["o_bias"])
-        if s["qk_norm"]:  # always RMSNorm over head_dim (Qwen3RMSNorm), weight only
-            add(p + ".q_norm.weight", [hd], "norm_weight")
-            add(p + ".k_norm.weight", [hd], "norm_weight")
+        if s["qk_norm"]:  # RMSNorm over head_dim (Qwen3RMSNorm) or the full width (Olmo2RMSNorm), weight only
+            add(p + ".q_norm.weight", [nh * hd if s.get("qk_full") else hd], "norm_weight")
+            add(p + ".k_norm.weight", [nkv * hd if s.get("qk_full") else hd], "norm_weight")
 
     def dense_mlp(p):
         linear(p + ".mlp.gate_proj", I, H, s["mlp_bias"])
@@ -283,6 +291,11 @@ def tensor_layout(s):
             attention(p + ".self_attn")
             norm(p + ".post_attention_layernorm", H)
             norm(p + ".pre_feedforward_layernorm", H)
+            mlp(p)
+            norm(p + ".post_feedforward_layernorm", H)
+        elif s["placement"] == "post_sublayer":
+            attention(p + ".self_attn")
+            norm(p + ".post_attention_layernorm", H)
             mlp(p)
             norm(p + ".post_feedforward_layernorm", H)
         else:
@@ -482,10 +495,14 @@ def decoder_attention(s, p, prefix, x, cos, sin, stats):
     def proj(name, t):
         return F.linear(t, p[f"{prefix}.{name}.weight"], p.get(f"{prefix}.{name}.bias"))
 
-    q = proj("q_proj", x).view(B, T, nh, hd)
-    k = proj("k_proj", x).view(B, T, nkv, hd)
+    q, k = proj("q_proj", x), proj("k_proj", x)
+    if s["qk_norm"] and s.get("qk_full"):  # Olmo2Attention: normalize the whole projection, then split heads
+        q = rms_norm(q, p[prefix + ".q_norm.weight"], s["eps"])
+        k = rms_norm(k, p[prefix + ".k_norm.weight"], s["eps"])
+    q = q.view(B, T, nh, hd)
+    k = k.view(B, T, nkv, hd)
     v = proj("v_proj", x).view(B, T, nkv, hd)
-    if s["qk_norm"]:  # Qwen3RMSNorm(head_dim), eps = rms_norm_eps
+    if s["qk_norm"] and not s.get("qk_full"):  # Qwen3RMSNorm(head_dim), eps = rms_norm_eps
         q = rms_norm(q, p[prefix + ".q_norm.weight"], s["eps"])
         k = rms_norm(k, p[prefix + ".k_norm.weight"], s["eps"])
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -643,6 +660,9 @@ def decoder_layer(s, p, l, x, cos, sin, stats):
     elif s["placement"] == "post":
         x = norm("post_attention_layernorm", x + attn(x))
         x = norm("post_feedforward_layernorm", x + mlp(x))
+    elif s["placement"] == "post_sublayer":  # Olmo2DecoderLayer.forward
+        x = x + norm("post_attention_layernorm", attn(x))
+        x = x + norm("post_feedforward_layernorm", mlp(x))
     else:  # sandwich (Gemma2DecoderLayer, but with the plain x_hat * w norm)
         x = x + norm("post_attention_layernorm", attn(norm("input_layernorm", x)))
         x = x + norm("post_feedforward_layernorm", mlp(norm("pre_feedforward_layernorm", x)))

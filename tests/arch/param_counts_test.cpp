@@ -40,7 +40,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Expected{"mixtral-8x7b-v0.1.json", 46'702'792'704, 12'879'925'248},
                       Expected{"deepseek-v3.json", 671'026'419'200, 37'552'297'472},
                       Expected{"kimi-k2-instruct.json", 1'026'408'232'448, 32'861'500'928},
-                      Expected{"glm-4.5.json", 352'797'829'024, 33'632'266'144}));
+                      Expected{"glm-4.5.json", 352'797'829'024, 33'632'266'144},
+                      // OLMo 2 stores float32: total_size / 4 (29,194,469,376 and 54,864,793,600 bytes).
+                      Expected{"olmo-2-1124-7b.json", 7'298'617'344, 7'298'617'344},
+                      Expected{"olmo-2-1124-13b.json", 13'716'198'400, 13'716'198'400}));
 
 TEST(ParamCounts, NonEmbeddingExcludesEmbeddingsAndHead) {
   // Qwen2.5-7B's model card: 6.53B non-embedding.

@@ -108,6 +108,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"gpt2", "gpt2.json", {}}, Case{"llama", "llama.json", {}},
                       Case{"mistral_mqa_hd24", "mistral.json", {}}, Case{"qwen2_bias_tied", "qwen2.json", {}},
                       Case{"qwen3_qknorm", "qwen3.json", {}},
+                      // OLMo 2: post-sublayer norms, QK-Norm over the full q and k widths (GQA 4/2).
+                      Case{"olmo2", "olmo2.json", {}},
+                      Case{"full_width_qknorm_sandwich", "llama.json", {"keel.qk_norm=full_width", "keel.norm_placement=sandwich"}},
                       Case{"gqa4", "llama.json", {"num_attention_heads=8", "num_key_value_heads=2", "head_dim=8"}},
                       Case{"layernorm_post", "llama.json", {"keel.norm=layernorm", "keel.norm_placement=post"}},
                       Case{"sandwich", "llama.json", {"keel.norm_placement=sandwich"}},

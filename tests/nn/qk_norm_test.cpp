@@ -1,6 +1,7 @@
 // QK-Norm on its own: each head's query and key vectors are RMS-normalized with one shared gain
-// per dimension (Qwen3's q_norm / k_norm), and the backward matches central differences for the
-// projections and both gains.
+// per dimension (Qwen3's q_norm / k_norm), or each token's whole projection with one gain per
+// element (OLMo 2's full width), and the backward matches central differences for the
+// projections and both gains in either form.
 #include "keel/nn/qk_norm.hpp"
 
 #include <gtest/gtest.h>
@@ -24,22 +25,24 @@ struct Harness {
   ParameterStore store;
   std::optional<QkNorm> norm;
   Arena arena;
-  Harness() {
-    norm.emplace(store, *arch::family_row(arch::Family::Qwen3).names, 2, kHeads, kKvHeads, kDim, kEps);
+  int64_t q_width, k_width;
+  explicit Harness(bool full_width = false)
+      : q_width(full_width ? kHeads * kDim : kDim), k_width(full_width ? kKvHeads * kDim : kDim) {
+    norm.emplace(store, *arch::family_row(arch::Family::Qwen3).names, 2, kHeads, kKvHeads, kDim, kEps, full_width);
     store.finalize();
-    const auto gains = random_vector(size_t(2 * kDim), 5, 0.5f, 1.5f);
+    const auto gains = random_vector(size_t(q_width + k_width), 5, 0.5f, 1.5f);
     set_gains(gains);
   }
   // Both gains as one vector [q_norm | k_norm], and back.
   void set_gains(const std::vector<float>& g) {
-    std::copy(g.begin(), g.begin() + kDim, store.data("model.layers.2.self_attn.q_norm.weight"));
-    std::copy(g.begin() + kDim, g.end(), store.data("model.layers.2.self_attn.k_norm.weight"));
+    std::copy(g.begin(), g.begin() + q_width, store.data("model.layers.2.self_attn.q_norm.weight"));
+    std::copy(g.begin() + q_width, g.end(), store.data("model.layers.2.self_attn.k_norm.weight"));
   }
   std::vector<float> gains(bool grad) {
     const float* q = grad ? store.grad("model.layers.2.self_attn.q_norm.weight") : q_gain();
     const float* k = grad ? store.grad("model.layers.2.self_attn.k_norm.weight") : k_gain();
-    std::vector<float> g(q, q + kDim);
-    g.insert(g.end(), k, k + kDim);
+    std::vector<float> g(q, q + q_width);
+    g.insert(g.end(), k, k + k_width);
     return g;
   }
   const float* q_gain() { return store.data("model.layers.2.self_attn.q_norm.weight"); }
@@ -76,8 +79,34 @@ TEST(QkNorm, NormalizesEveryHeadVectorWithTheSharedGain) {
   check(k_raw, k, h.k_gain(), kTokens * kKvHeads);
 }
 
-TEST(QkNorm, BackwardMatchesFiniteDifferences) {
-  Harness h;
+class QkNormWidths : public ::testing::TestWithParam<bool> {};
+
+TEST(QkNorm, FullWidthNormalizesEachTokensWholeProjection) {
+  // OLMo 2: one RMS over all heads of a token's q (4 x 8 = 32 values) and of its k (2 x 8).
+  Harness h(/*full_width=*/true);
+  EXPECT_EQ(h.store.find({arch::TensorKind::QNorm, arch::TensorPart::Weight, 2})->shape,
+            std::vector<int64_t>{kHeads * kDim});
+  EXPECT_EQ(h.store.find({arch::TensorKind::KNorm, arch::TensorPart::Weight, 2})->shape,
+            std::vector<int64_t>{kKvHeads * kDim});
+  const auto q_raw = random_vector(size_t(kTokens * kHeads * kDim), 1, -3.f, 3.f);
+  const auto k_raw = random_vector(size_t(kTokens * kKvHeads * kDim), 2, -3.f, 3.f);
+  std::vector<float> q(q_raw.size()), k(k_raw.size());
+  h.norm->forward(h.store, h.arena, q_raw.data(), k_raw.data(), q.data(), k.data(), kTokens);
+  auto check = [&](const std::vector<float>& raw, const std::vector<float>& out, const float* gain, int64_t width) {
+    for (int64_t t = 0; t < kTokens; ++t) {
+      double ms = 0;
+      for (int64_t c = 0; c < width; ++c) ms += double(raw[size_t(t * width + c)]) * raw[size_t(t * width + c)];
+      const double inv = 1.0 / std::sqrt(ms / static_cast<double>(width) + kEps);
+      for (int64_t c = 0; c < width; ++c)
+        EXPECT_NEAR(out[size_t(t * width + c)], raw[size_t(t * width + c)] * inv * gain[c], 1e-5) << t << " " << c;
+    }
+  };
+  check(q_raw, q, h.q_gain(), kHeads * kDim);
+  check(k_raw, k, h.k_gain(), kKvHeads * kDim);
+}
+
+TEST_P(QkNormWidths, BackwardMatchesFiniteDifferences) {
+  Harness h(GetParam());
   auto q_raw = random_vector(size_t(kTokens * kHeads * kDim), 3, -2.f, 2.f);
   auto k_raw = random_vector(size_t(kTokens * kKvHeads * kDim), 4, -2.f, 2.f);
   const auto wq = random_vector(q_raw.size(), 6), wk = random_vector(k_raw.size(), 7);
@@ -102,6 +131,9 @@ TEST(QkNorm, BackwardMatchesFiniteDifferences) {
   };
   expect_gradient(gains, dgains, gain_loss, "q_norm and k_norm gains");
 }
+
+INSTANTIATE_TEST_SUITE_P(QkNorm, QkNormWidths, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "FullWidth" : "PerHead"; });
 
 }  // namespace
 }  // namespace keel::nn

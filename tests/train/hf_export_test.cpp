@@ -107,7 +107,8 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
   };
   for (const Family& f : {Family{"llama.json", "LlamaForCausalLM", {"attention_bias=true", "mlp_bias=true"}},
                           Family{"qwen2.json", "Qwen2ForCausalLM", {"keel.z_loss=0.001"}},
-                          Family{"qwen3.json", "Qwen3ForCausalLM", {}}}) {
+                          Family{"qwen3.json", "Qwen3ForCausalLM", {}},
+                          Family{"olmo2.json", "Olmo2ForCausalLM", {"attention_bias=true"}}}) {
     SCOPED_TRACE(f.config);
     Run run = make_run(std::string("run_") + f.config, f.config, f.sets);
     const fs::path out = dir_ / (std::string("hf_") + f.config);
@@ -131,7 +132,11 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     EXPECT_EQ(c["num_hidden_layers"], spec.num_layers);
     EXPECT_EQ(c["num_attention_heads"], spec.attention.num_heads);
     EXPECT_EQ(c["num_key_value_heads"], spec.attention.num_kv_heads);
-    EXPECT_EQ(c["head_dim"], spec.attention.head_dim);
+    if (spec.family == arch::Family::Olmo2) {
+      EXPECT_FALSE(c.contains("head_dim")) << "Olmo2Config derives head_dim from hidden_size / heads";
+    } else {
+      EXPECT_EQ(c["head_dim"], spec.attention.head_dim);
+    }
     EXPECT_EQ(c["hidden_act"], "silu");
     EXPECT_EQ(c["max_position_embeddings"], spec.max_position_embeddings);
     EXPECT_EQ(c["rms_norm_eps"], spec.norm_eps);
@@ -148,9 +153,10 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     } else {
       EXPECT_EQ(c["attention_bias"], spec.attention.qkv_bias);
     }
-    if (spec.family == arch::Family::Llama) {
+    if (spec.family == arch::Family::Llama || spec.family == arch::Family::Olmo2) {
       EXPECT_EQ(c["attention_bias"], true);
-      EXPECT_EQ(c["mlp_bias"], true);
+      EXPECT_EQ(c.contains("mlp_bias"), spec.family == arch::Family::Llama);
+      EXPECT_FALSE(c.contains("sliding_window"));
     } else {
       EXPECT_EQ(c["use_sliding_window"], false);
       EXPECT_TRUE(c["sliding_window"].is_null());
@@ -160,6 +166,9 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     // The exported config parses back to the same model (minus the training-only z-loss).
     arch::ModelSpec back = arch::spec_from_config(c, "export");
     EXPECT_EQ(back.attention.qk_norm, spec.attention.qk_norm);
+    EXPECT_EQ(back.attention.qk_norm_full_width, spec.attention.qk_norm_full_width);
+    EXPECT_EQ(back.attention.head_dim, spec.attention.head_dim);
+    EXPECT_EQ(back.placement, spec.placement);
     EXPECT_EQ(back.attention.qkv_bias, spec.attention.qkv_bias);
     EXPECT_EQ(back.attention.o_bias, spec.attention.o_bias);
     EXPECT_EQ(back.mlp.bias, spec.mlp.bias);
@@ -205,6 +214,10 @@ TEST_F(HfExport, RefusesVariantsTheFamilyCannotExpressNamingTheField) {
   EXPECT_EQ(field_of_refusal("embed_scale", "qwen3.json", {"keel.embed_scale=sqrt_hidden"}), "keel.embed_scale");
   EXPECT_EQ(field_of_refusal("partial", "qwen3.json", {"partial_rotary_factor=0.5"}), "partial_rotary_factor");
   EXPECT_EQ(field_of_refusal("gpt2", "gpt2.json", {}), "model_type");
+  EXPECT_EQ(field_of_refusal("olmo2_pre", "olmo2.json", {"keel.norm_placement=pre"}), "keel.norm_placement");
+  EXPECT_EQ(field_of_refusal("olmo2_per_head", "olmo2.json", {"keel.qk_norm=per_head"}), "keel.qk_norm");
+  EXPECT_EQ(field_of_refusal("olmo2_head_dim", "olmo2.json", {"head_dim=8"}), "head_dim");
+  EXPECT_EQ(field_of_refusal("qwen3_full_width", "qwen3.json", {"keel.qk_norm=full_width"}), "keel.qk_norm");
 }
 
 TEST_F(HfExport, RefusesRunsWithoutTokenizerOrCheckpointAndOccupiedTargets) {

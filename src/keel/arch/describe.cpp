@@ -46,6 +46,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                     {"num_kv_heads", a.num_kv_heads},
                     {"head_dim", a.head_dim},
                     {"qk_norm", a.qk_norm},
+                    {"qk_norm_width", a.qk_norm ? json(a.qk_norm_full_width ? "full_width" : "per_head") : json(nullptr)},
                     {"qkv_bias", a.qkv_bias},
                     {"o_bias", a.o_bias},
                     {"softcap", a.softcap > 0 ? json(a.softcap) : json(nullptr)},

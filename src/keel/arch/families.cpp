@@ -85,6 +85,9 @@ using P = ProjectionLayout;
 constexpr FamilyCapabilities kDenseExportable{true, true, true, true, true};
 constexpr FamilyCapabilities kTrainable{true, true, false, true, true};
 constexpr FamilyCapabilities kGpt2Supports{true, true, false, false, true};  // QK-Clip: fused c_attn
+// OLMo 2: a full-width QK-Norm mixes the heads, so QK-Clip's per-head rescaling of W_q/W_k does
+// not scale one head's logits; it is refused rather than silently ineffective.
+constexpr FamilyCapabilities kOlmo2Supports{true, true, true, false, true};
 
 // Defaults follow each family's transformers Config class (e.g. Qwen3Config.head_dim = 128,
 // Glm4MoeConfig.partial_rotary_factor = 0.5, MixtralConfig.rope_theta = 1e6).
@@ -100,6 +103,10 @@ constexpr std::array kFamilies = {
     FamilyRow{Family::DeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekRouter, &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::KimiK2,     "kimi_k2",     "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekRouter, &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::Glm4Moe,    "glm4_moe",    "Glm4MoeForCausalLM",     false, false, false, "use_qk_norm", B::QkvFromConfig, false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-5, 10000,  0.5, 128, kGlmRouter,      &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
+    // OLMo 2 (modeling_olmo2.py): Llama's names and biases, no input norm: post_attention and
+    // post_feedforward norms after each sublayer, q_norm/k_norm over the full q and k widths.
+    // Olmo2Config defaults: rms_norm_eps 1e-5, rope_theta 10000 (the released configs set 1e-6, 5e5).
+    FamilyRow{Family::Olmo2,      "olmo2",       "Olmo2ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-5, 10000,  1.0, 0,   kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kOlmo2Supports, NormPlacement::PostSublayer, true},
 };
 }  // namespace
 

@@ -79,6 +79,10 @@ struct FamilyRow {
   // Name endings of non-parameter tensors real checkpoints hold (GPT-2's causal-mask buffers).
   std::array<std::string_view, 2> ignored_buffers;
   FamilyCapabilities supports;
+  // Fixed by the family's modeling code (after `supports`, so rows that keep the defaults say
+  // nothing): where its norms sit, and QK-Norm over the whole projection instead of per head.
+  NormPlacement placement = NormPlacement::Pre;
+  bool qk_norm_full_width = false;
 };
 
 std::span<const FamilyRow> family_table();

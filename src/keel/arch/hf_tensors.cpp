@@ -101,9 +101,9 @@ class LayoutBuilder {
     linear(K::K, layer, a.num_kv_heads * a.head_dim, h, a.qkv_bias, c);
     linear(K::V, layer, a.num_kv_heads * a.head_dim, h, a.qkv_bias, c);
     linear(K::O, layer, h, a.num_heads * a.head_dim, a.o_bias, c);
-    if (a.qk_norm) {  // QK-Norm is always RMSNorm over head_dim, shared by all heads
-      norm(K::QNorm, layer, a.head_dim, c, NormKind::RmsNorm);
-      norm(K::KNorm, layer, a.head_dim, c, NormKind::RmsNorm);
+    if (a.qk_norm) {  // RMSNorm over head_dim shared by all heads, or over the full width (OLMo 2)
+      norm(K::QNorm, layer, a.qk_norm_full_width ? a.num_heads * a.head_dim : a.head_dim, c, NormKind::RmsNorm);
+      norm(K::KNorm, layer, a.qk_norm_full_width ? a.num_kv_heads * a.head_dim : a.head_dim, c, NormKind::RmsNorm);
     }
   }
 
@@ -156,6 +156,12 @@ class LayoutBuilder {
         attention(layer);
         norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         norm(K::PreFeedforwardNorm, layer, h, c, s_.norm);
+        ffn(layer);
+        norm(K::PostFeedforwardNorm, layer, h, c, s_.norm);
+        break;
+      case NormPlacement::PostSublayer:
+        attention(layer);
+        norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         ffn(layer);
         norm(K::PostFeedforwardNorm, layer, h, c, s_.norm);
         break;

@@ -22,6 +22,7 @@ std::string_view to_string(Family f) {
     case Family::DeepseekV3: return "deepseek_v3";
     case Family::KimiK2: return "kimi_k2";
     case Family::Glm4Moe: return "glm4_moe";
+    case Family::Olmo2: return "olmo2";
   }
   return "?";
 }
@@ -37,6 +38,7 @@ std::string_view to_string(NormPlacement p) {
     case NormPlacement::Pre: return "pre";
     case NormPlacement::Post: return "post";
     case NormPlacement::Sandwich: return "sandwich";
+    case NormPlacement::PostSublayer: return "post_sublayer";
   }
   return "?";
 }
@@ -130,13 +132,24 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
     if (p == "pre") spec.placement = NormPlacement::Pre;
     else if (p == "post") spec.placement = NormPlacement::Post;
     else if (p == "sandwich") spec.placement = NormPlacement::Sandwich;
-    else r.fail("norm_placement", "unknown placement '" + p + "'; supported: pre, post, sandwich");
+    else if (p == "post_sublayer") spec.placement = NormPlacement::PostSublayer;
+    else r.fail("norm_placement", "unknown placement '" + p + "'; supported: pre, post, sandwich, post_sublayer");
     if (row.gpt2_fields && spec.placement != NormPlacement::Pre) {
       r.fail("norm_placement", "gpt2 supports only 'pre' (its HF names have no post-norm slots)");
     }
   }
   if (r.has("qk_norm")) {
-    spec.attention.qk_norm = r.optional_bool("qk_norm", false);
+    // true / false, or the width: "per_head" (Qwen3) or "full_width" (OLMo 2).
+    if (it->at("qk_norm").is_string()) {
+      const auto width = r.optional_string("qk_norm", "");
+      if (width != "per_head" && width != "full_width") {
+        r.fail("qk_norm", "expected true, false, \"per_head\" or \"full_width\", got \"" + width + "\"");
+      }
+      spec.attention.qk_norm = true;
+      spec.attention.qk_norm_full_width = width == "full_width";
+    } else {
+      spec.attention.qk_norm = r.optional_bool("qk_norm", false);
+    }
     if (spec.attention.qk_norm && (row.mla || row.gpt2_fields)) {
       r.fail("qk_norm", "QK-Norm is not available for " + std::string(row.model_type));
     }
@@ -323,6 +336,7 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   }
   a.qk_norm = row.qk_norm_always ||
               (!row.qk_norm_field.empty() && r.optional_bool(std::string(row.qk_norm_field), false));
+  a.qk_norm_full_width = row.qk_norm_full_width;
 
   if (row.mla) {
     a.kind = AttentionKind::Mla;
@@ -393,6 +407,7 @@ ModelSpec spec_from_config(const nlohmann::json& config, const std::string& sour
   spec.source = source;
   spec.tie_word_embeddings = r.optional_bool("tie_word_embeddings", row->default_tie_embeddings);
   spec.initializer_range = r.optional_number("initializer_range", 0.02, 0.0, 10.0);
+  spec.placement = row->placement;
   if (!spec.moe.enabled) spec.moe.moe_layer.assign(static_cast<size_t>(spec.num_layers), false);
   apply_keel_extensions(config, source, spec, *row);
   return spec;

@@ -12,11 +12,13 @@
 
 namespace keel::arch {
 
-enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe };
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe, Olmo2 };
 enum class NormKind { RmsNorm, LayerNorm };
 // pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
 // sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
-enum class NormPlacement { Pre, Post, Sandwich };
+// post_sublayer (OLMo 2, arXiv:2501.00656 §3.2.1): x + N(f(x)), final norm; the residual stream
+// itself is never normalized, only what each sublayer adds to it.
+enum class NormPlacement { Pre, Post, Sandwich, PostSublayer };
 // Elementwise activation. GeluTanh is HF's gelu_new / gelu_pytorch_tanh.
 enum class Activation { Silu, Gelu, GeluTanh, Relu };
 // Gated: down(act(gate(x)) * up(x)), three matrices. Plain: down(act(up(x))), two matrices.
@@ -51,7 +53,10 @@ struct AttentionSpec {
   int64_t head_dim = 0;          // q/k/v head dim for MHA/GQA/MQA; qk head dim for MLA
   bool qkv_bias = false;
   bool o_bias = false;
-  bool qk_norm = false;          // per-head RMSNorm over head_dim before RoPE (Qwen3/GLM)
+  bool qk_norm = false;          // RMSNorm of queries and keys before RoPE
+  // false: over each head's head_dim, one gain shared by the heads (Qwen3, GLM-4.5);
+  // true: over the whole projection, heads·head_dim wide, one gain per element (OLMo 2).
+  bool qk_norm_full_width = false;
   RopeSpec rope;
   bool learned_positions = false;  // GPT-2's wpe table instead of RoPE
   // MLA (DeepSeek-V3); q_lora_rank 0 means a plain q_proj.

@@ -82,7 +82,11 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
   r.emplace_back("layers x hidden", number(a["num_hidden_layers"]) + " x " + number(a["hidden_size"]));
   r.emplace_back("vocab / context", number(a["vocab_size"]) + " / " + number(a["context_length"]));
   const json& n = a["norm"];
-  std::string placement = n["placement"] == "pre" ? "pre-norm" : n["placement"] == "post" ? "post-norm" : "sandwich";
+  const std::string placement = n["placement"] == "pre"    ? "pre-norm"
+                                : n["placement"] == "post" ? "post-norm"
+                                : n["placement"] == "sandwich"
+                                    ? "sandwich"
+                                    : "post-sublayer (x + norm(f(x)))";
   r.emplace_back("norm", n["type"].get<std::string>() + ", eps " + number(n["eps"]) + ", " + placement +
                              (n["final_norm"].get<bool>() ? " + final norm" : ", no final norm"));
   const json& ffn = a["ffn"];
@@ -99,7 +103,10 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
   } else {
     r.emplace_back("MLA", "-");
   }
-  r.emplace_back("QK-Norm", yes_no(at["qk_norm"].get<bool>()));
+  r.emplace_back("QK-Norm", !at["qk_norm"].get<bool>() ? std::string("no")
+                            : at["qk_norm_width"] == "full_width"
+                                ? std::string("yes (full width: over all heads of q and of k)")
+                                : std::string("yes (per head, over head_dim)"));
   r.emplace_back("QKV bias", yes_no(at["qkv_bias"].get<bool>()) + (at["o_bias"].get<bool>() ? " (o_proj too)" : ""));
   if (at["rope"].is_null()) {
     r.emplace_back("positions", "learned table");

@@ -16,7 +16,8 @@ using arch::TensorKind;
 
 // Builds the norms of one sublayer for the configured placement, by role: pre uses
 // input_layernorm before attention and post_attention_layernorm before the FFN (GPT-2's ln_1 and
-// ln_2 are the same slots); post wraps with post_attention / post_feedforward; sandwich has all four.
+// ln_2 are the same slots); post wraps with post_attention / post_feedforward; sandwich has all four;
+// post_sublayer normalizes each sublayer's output with post_attention / post_feedforward.
 Sublayer make_sublayer(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool attention) {
   Sublayer s;
   const float eps = static_cast<float>(spec.norm_eps);
@@ -31,6 +32,9 @@ Sublayer make_sublayer(ParameterStore& store, const arch::ModelSpec& spec, int64
       break;
     case arch::NormPlacement::Sandwich:
       s.before.emplace(norm(attention ? TensorKind::InputNorm : TensorKind::PreFeedforwardNorm));
+      s.after.emplace(norm(attention ? TensorKind::PostAttentionNorm : TensorKind::PostFeedforwardNorm));
+      break;
+    case arch::NormPlacement::PostSublayer:
       s.after.emplace(norm(attention ? TensorKind::PostAttentionNorm : TensorKind::PostFeedforwardNorm));
       break;
   }

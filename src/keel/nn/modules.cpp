@@ -120,7 +120,10 @@ Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t
   if (a.qkv_bias) bv_ = add(TensorKind::V, TensorPart::Bias, {kv_out});
   wo_ = add(TensorKind::O, TensorPart::Weight, {hidden_, q_out});
   if (a.o_bias) bo_ = add(TensorKind::O, TensorPart::Bias, {hidden_});
-  if (a.qk_norm) qk_norm_.emplace(store, names, layer, heads_, kv_heads_, head_dim_, static_cast<float>(spec.norm_eps));
+  if (a.qk_norm) {
+    qk_norm_.emplace(store, names, layer, heads_, kv_heads_, head_dim_, static_cast<float>(spec.norm_eps),
+                     a.qk_norm_full_width);
+  }
 }
 
 kernels::AttentionDims Attention::dims(const StepShape& s) const {

@@ -3,6 +3,9 @@
 // to 22B", §3.1; algorithms.md): an RMSNorm over each head's head_dim vector of the query and
 // key projections, one gain per dimension shared by all heads (q_norm, k_norm), applied before
 // RoPE. It bounds |q·k| by the gains, so attention logits cannot grow with the weights' norm.
+// OLMo 2 (arXiv:2501.00656 §3.2.1, modeling_olmo2.py) normalizes instead the whole projection,
+// heads·head_dim wide, with one gain per element (`full_width`): every head's scale then
+// depends on all heads of its token, which still bounds the sum of their logits.
 #include <cstdint>
 
 #include "keel/arch/tensor_names.hpp"
@@ -14,9 +17,10 @@ namespace keel::nn {
 class QkNorm {
  public:
   QkNorm(ParameterStore& store, const arch::TensorNameTable& names, int64_t layer, int64_t heads, int64_t kv_heads,
-         int64_t head_dim, float eps);
+         int64_t head_dim, float eps, bool full_width = false);
 
-  // Per-row statistics of one call, for backward (rstd: (n·heads), (n·kv_heads)).
+  // Per-row statistics of one call, for backward (rstd: (n·heads), (n·kv_heads); per head,
+  // or (n), (n) full width).
   struct Saved {
     const float *q_raw = nullptr, *k_raw = nullptr;
     float *q_rstd = nullptr, *k_rstd = nullptr;
@@ -30,7 +34,8 @@ class QkNorm {
 
  private:
   ParamRef q_gain_, k_gain_;
-  int64_t heads_, kv_heads_, head_dim_;
+  // One normalized row: a head's vector (per head) or a token's whole projection (full width).
+  int64_t q_rows_per_token_, k_rows_per_token_, q_width_, k_width_;
   float eps_;
 };
 

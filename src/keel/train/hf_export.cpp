@@ -51,10 +51,16 @@ void check_expressible(const arch::ModelSpec& spec) {
     }
     throw Error(src, "model_type", "export supports " + list + ", not " + spec.model_type);
   }
-  if (spec.placement != arch::NormPlacement::Pre) {
+  const arch::NormPlacement own = arch::family_row(spec).placement;
+  if (spec.placement != own) {
     throw Error(src, "keel.norm_placement",
                 std::string(arch::to_string(spec.placement)) + " norms have no place in " + family +
-                    "'s decoder layer (pre-norm only)");
+                    "'s decoder layer (" + std::string(arch::to_string(own)) + " only)");
+  }
+  if (a.qk_norm && a.qk_norm_full_width != arch::family_row(spec).qk_norm_full_width) {
+    throw Error(src, "keel.qk_norm",
+                family + "'s q_norm/k_norm are " + (a.qk_norm_full_width ? "per head" : "full width") + ", not " +
+                    (a.qk_norm_full_width ? "full width" : "per head"));
   }
   if (spec.norm != arch::NormKind::RmsNorm) {
     throw Error(src, "keel.norm", family + " uses RMSNorm; transformers cannot load LayerNorm weights into it");
@@ -90,6 +96,16 @@ void check_expressible(const arch::ModelSpec& spec) {
       if (!a.qk_norm) throw Error(src, "keel.qk_norm", "qwen3 always applies q_norm/k_norm");
       if (a.qkv_bias != a.o_bias) {
         throw Error(src, "keel.qkv_bias", "qwen3's attention_bias puts biases on q, k, v and o together");
+      }
+      break;
+    case arch::Family::Olmo2:
+      if (!a.qk_norm) throw Error(src, "keel.qk_norm", "olmo2 always applies q_norm/k_norm");
+      if (a.qkv_bias != a.o_bias) {
+        throw Error(src, "keel.qkv_bias", "olmo2's attention_bias puts biases on q, k, v and o together");
+      }
+      // Olmo2Config has no head_dim: the modeling code takes hidden_size / num_attention_heads.
+      if (a.head_dim * a.num_heads != spec.hidden_size) {
+        throw Error(src, "head_dim", "olmo2 needs head_dim = hidden_size / num_attention_heads");
       }
       break;
     case arch::Family::Gpt2:
@@ -152,6 +168,10 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
       break;
     case arch::Family::Qwen2:
       full_attention_layers(c, spec);
+      break;
+    case arch::Family::Olmo2:
+      c["attention_bias"] = a.qkv_bias;
+      c.erase("head_dim");  // Olmo2Config derives it; checked equal above
       break;
     case arch::Family::Gpt2:
     case arch::Family::Mistral:
