@@ -103,6 +103,72 @@ TEST(AttentionKernel, CacheOffsetMatchesFullAttention) {
   }
 }
 
+AttentionDims windowed(AttentionDims d, int64_t window) {
+  d.window = window;
+  return d;
+}
+
+// Sliding windows against the reference: bands narrower than a block, straddling blocks, as
+// wide as one block, wider than the sequence; with GQA, softcap and a ragged tail.
+TEST(AttentionKernel, SlidingWindowForwardMatchesReference) {
+  const AttentionDims cases[] = {windowed(dims(2, 150, 4, 2, 24, 16, 0.f), 5),
+                                 windowed(dims(1, 150, 4, 1, 24, 16, 3.f), 64),
+                                 windowed(dims(1, 200, 2, 2, 16, 16, 0.f), 100),
+                                 windowed(dims(2, 77, 8, 2, 16, 20, 0.f), 65),
+                                 windowed(dims(1, 150, 4, 4, 8, 8, 2.f), 1),
+                                 windowed(dims(1, 40, 2, 1, 8, 8, 0.f), 1000)};
+  for (const AttentionDims& d : cases) {
+    const Inputs in = make_inputs(d, 17, 2.f);
+    const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim), lse_n = size_t(d.batch * d.heads * d.seq);
+    std::vector<float> out(out_n), out_ref(out_n), lse(lse_n), lse_ref(lse_n);
+    std::vector<float> mx(size_t(d.heads), -std::numeric_limits<float>::infinity()), mx_ref = mx;
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+    attention_reference_forward(in.q.data(), in.k.data(), in.v.data(), out_ref.data(), lse_ref.data(), mx_ref.data(),
+                                d);
+    const std::string tag = "T=" + std::to_string(d.seq) + " W=" + std::to_string(d.window);
+    for (size_t i = 0; i < out_n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5) << tag << " out " << i;
+    for (size_t i = 0; i < lse_n; ++i) ASSERT_NEAR(lse[i], lse_ref[i], 2e-5 * (1 + std::abs(lse_ref[i]))) << tag;
+    for (int64_t h = 0; h < d.heads; ++h) ASSERT_NEAR(mx[size_t(h)], mx_ref[size_t(h)], 1e-5 * (1 + std::abs(mx_ref[size_t(h)])));
+    if (d.window == 1) {
+      // Each query sees only its own key: the output is its own value row.
+      for (int64_t t = 0; t < d.seq; ++t)
+        for (int64_t h = 0; h < d.heads; ++h)
+          for (int64_t c = 0; c < d.v_dim; ++c)
+            ASSERT_NEAR(out[size_t((t * d.heads + h) * d.v_dim + c)],
+                        in.v[size_t((t * d.kv_heads + h / (d.heads / d.kv_heads)) * d.v_dim + c)], 1e-6);
+    }
+    if (d.window >= d.seq) {
+      // A window covering the sequence is plain causal attention.
+      AttentionDims plain = d;
+      plain.window = 0;
+      std::vector<float> o2(out_n), l2(lse_n), m2(size_t(d.heads), -std::numeric_limits<float>::infinity());
+      attention_forward(in.q.data(), in.k.data(), in.v.data(), o2.data(), l2.data(), m2.data(), plain);
+      EXPECT_EQ(o2, out);
+    }
+  }
+}
+
+// Decoding with a window: the last T rows of full windowed attention over P + T positions.
+TEST(AttentionKernel, SlidingWindowCacheOffsetMatchesFullAttention) {
+  struct Case { int64_t prefix, t, window; };
+  for (const Case c : {Case{70, 1, 16}, Case{129, 3, 64}, Case{10, 1, 4}, Case{5, 70, 30}}) {
+    const int64_t total = c.prefix + c.t, h = 4, hkv = 2, dk = 16, dv = 8;
+    AttentionDims full = windowed(dims(1, total, h, hkv, dk, dv, 0.f), c.window);
+    const std::vector<float> q = random_vector(size_t(total * h * dk), 31, -2.f, 2.f);
+    const std::vector<float> k = random_vector(size_t(total * hkv * dk), 32, -2.f, 2.f);
+    const std::vector<float> v = random_vector(size_t(total * hkv * dv), 33);
+    std::vector<float> out_full(size_t(total * h * dv)), lse_full(size_t(total * h));
+    std::vector<float> mx(size_t(h), -std::numeric_limits<float>::infinity());
+    attention_reference_forward(q.data(), k.data(), v.data(), out_full.data(), lse_full.data(), mx.data(), full);
+    AttentionDims step = windowed(dims(1, c.t, h, hkv, dk, dv, 0.f), c.window);
+    step.q_offset = c.prefix;
+    std::vector<float> out(size_t(c.t * h * dv)), lse(size_t(c.t * h)), m = mx;
+    attention_forward(q.data() + c.prefix * h * dk, k.data(), v.data(), out.data(), lse.data(), m.data(), step);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], out_full[size_t(c.prefix * h * dv) + i], 2e-5) << "P=" << c.prefix << " W=" << c.window;
+  }
+}
+
 // max_logit is merged with the caller's value, never overwritten by a smaller one.
 TEST(AttentionKernel, MaxLogitKeepsLargerIncomingValue) {
   const AttentionDims d = dims(1, 5, 2, 2, 8, 8, 0.f);
@@ -132,8 +198,8 @@ void check_gradients(const AttentionDims& d, uint32_t seed) {
     for (float& x : *t) x -= 1.f;
   const std::string tag = "T=" + std::to_string(d.seq) + " H=" + std::to_string(d.heads) +
                           " Hkv=" + std::to_string(d.kv_heads) + " cap=" + std::to_string(d.softcap) + " ";
-  // With T = 1 each softmax has one entry, so q and k get exactly zero gradient.
-  const bool qk_nonzero = d.seq > 1;
+  // With T = 1 or a window of 1 each softmax has one entry, so q and k get exactly zero gradient.
+  const bool qk_nonzero = d.seq > 1 && d.window != 1;
   expect_gradient(in.q, dq, loss, tag + "dq", 1e-2, 2e-3, 1e-2, 60, qk_nonzero);
   expect_gradient(in.k, dk, loss, tag + "dk", 1e-2, 2e-3, 1e-2, 60, qk_nonzero);
   expect_gradient(in.v, dv, loss, tag + "dv", 1e-2, 2e-3, 1e-2, 60);
@@ -144,6 +210,10 @@ TEST(AttentionKernel, GradientsMhaOddHeadDim) { check_gradients(dims(2, 7, 3, 3,
 TEST(AttentionKernel, GradientsGqa2AcrossBlocks) { check_gradients(dims(1, 70, 4, 2, 24, 16, 0.f), 13); }
 TEST(AttentionKernel, GradientsMqa4Softcap) { check_gradients(dims(1, 67, 4, 1, 12, 8, 1.5f), 14); }
 TEST(AttentionKernel, GradientsGqa2Softcap) { check_gradients(dims(2, 9, 4, 2, 24, 24, 2.f), 15); }
+
+TEST(AttentionKernel, GradientsSlidingWindowAcrossBlocks) { check_gradients(windowed(dims(1, 140, 4, 2, 16, 12, 0.f), 70), 16); }
+TEST(AttentionKernel, GradientsSlidingWindowNarrowSoftcap) { check_gradients(windowed(dims(2, 9, 2, 1, 8, 8, 2.f), 3), 17); }
+TEST(AttentionKernel, GradientsSlidingWindowOne) { check_gradients(windowed(dims(1, 6, 2, 2, 8, 8, 0.f), 1), 18); }
 
 }  // namespace
 }  // namespace keel::kernels

@@ -20,6 +20,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 void check_dims(const AttentionDims& d) {
   KEEL_CHECK(d.batch >= 0 && d.seq >= 0 && d.heads > 0 && d.kv_heads > 0 && d.qk_dim > 0 && d.v_dim > 0);
   KEEL_CHECK(d.heads % d.kv_heads == 0);
+  KEEL_CHECK(d.window >= 0);
+}
+
+// The first key position the query at `pos` sees (0 without a window).
+int64_t first_key(const AttentionDims& d, int64_t pos) {
+  return d.window > 0 ? std::max<int64_t>(0, pos - d.window + 1) : 0;
 }
 
 // kt: (dim, kBk) = rows[0..n)ᵀ, rows strided by `stride`; columns n..kBk zeroed so the score
@@ -83,8 +89,9 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
       const float* qv = q + task * Dk;
       const float* kb = k + b * keys * ks + kvh * Dk;
       const float* vb = v + b * keys * vs + kvh * Dv;
+      const int64_t j0 = first_key(d, keys - 1);
       float smax = kNegInf;
-      for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t j = j0; j < keys; ++j) {
         const float* kr = kb + j * ks;
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
@@ -94,16 +101,16 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
       }
       task_max[size_t(task)] = smax;
       if (cap > 0.f) {
-        for (int64_t j = 0; j < keys; ++j) sc[size_t(j)] = cap * detail::fast_tanh(sc[size_t(j)] / cap);
+        for (int64_t j = j0; j < keys; ++j) sc[size_t(j)] = cap * detail::fast_tanh(sc[size_t(j)] / cap);
         smax = cap * detail::fast_tanh(smax / cap);
       }
       float sum = 0.f;
-      for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t j = j0; j < keys; ++j) {
         sc[size_t(j)] = detail::fast_exp(sc[size_t(j)] - smax);
         sum += sc[size_t(j)];
       }
       std::fill(o.begin(), o.end(), 0.f);
-      for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t j = j0; j < keys; ++j) {
         const float p = sc[size_t(j)];
         const float* vr = vb + j * vs;
 #pragma omp simd
@@ -155,31 +162,33 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
       float tmax = kNegInf;
-      for (int64_t k0 = 0; k0 < P + q0 + nq; k0 += kBk) {
+      // The window's band starts at the block's first query's first key.
+      for (int64_t k0 = first_key(d, P + q0) / kBk * kBk; k0 < P + q0 + nq; k0 += kBk) {
         const int64_t nk = std::min(kBk, P + q0 + nq - k0);
         pack_transposed(kbase + k0 * ks, ks, nk, Dk, kt.data());
         block_scores(qrow, H * Dk, nq, kt.data(), Dk, s.data());
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
-          if (valid <= 0) continue;
+          const int64_t lo = std::max<int64_t>(0, first_key(d, P + q0 + i) - k0);  // window
+          if (valid <= lo) continue;
           float* sr = s.data() + i * kBk;
           float rmax = kNegInf;
 #pragma omp simd reduction(max : rmax)
-          for (int64_t j = 0; j < valid; ++j) {
+          for (int64_t j = lo; j < valid; ++j) {
             sr[j] *= d.scale;
             rmax = std::max(rmax, sr[j]);
           }
           tmax = std::max(tmax, rmax);
           if (cap > 0.f) {
 #pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) sr[j] = cap * detail::fast_tanh(sr[j] / cap);
+            for (int64_t j = lo; j < valid; ++j) sr[j] = cap * detail::fast_tanh(sr[j] / cap);
             rmax = cap * detail::fast_tanh(rmax / cap);  // tanh is monotone
           }
           const float mnew = std::max(m[size_t(i)], rmax);
           const float corr = detail::fast_exp(m[size_t(i)] - mnew);
           float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < valid; ++j) {
+          for (int64_t j = lo; j < valid; ++j) {
             sr[j] = detail::fast_exp(sr[j] - mnew);
             sum += sr[j];
           }
@@ -188,7 +197,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           float* orow = o.data() + i * Dv;
           if (corr != 1.f)
             for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr;
-          for (int64_t j = 0; j < valid; ++j) {
+          for (int64_t j = lo; j < valid; ++j) {
             const float p = sr[j];
             const float* vr = vbase + (k0 + j) * vs;
 #pragma omp simd
@@ -252,7 +261,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         std::fill(dkb.begin(), dkb.end(), 0.f);
         std::fill(dvb.begin(), dvb.end(), 0.f);
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          for (int64_t q0 = (k0 / kBq) * kBq; q0 < T; q0 += kBq) {
+          // Queries that see this key block: from its own block on, and without a window to the
+          // end; with one, only until the block's last key drops out of the band.
+          const int64_t q_end = d.window > 0 ? std::min(T, k0 + nk - 1 + d.window) : T;
+          for (int64_t q0 = (k0 / kBq) * kBq; q0 < q_end; q0 += kBq) {
             const int64_t nq = std::min(kBq, T - q0);
             const float* qrow = q + ((b * T + q0) * H + h) * Dk;
             const float* grow = dout + ((b * T + q0) * H + h) * Dv;
@@ -262,12 +274,14 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             block_scores(grow, H * Dv, nq, vt.data(), Dv, ds.data());  // dP = dout·vᵀ
             for (int64_t i = 0; i < nq; ++i) {
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
+              const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
               float* pr = p.data() + i * kBk;
               float* dr = ds.data() + i * kBk;
               const float li = lse_r[i], di = delta_r[i];
+              for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
               // P = exp(z - lse) with z the (capped) logit; dS = P·(dP - delta)·∂z/∂(q·k).
 #pragma omp simd
-              for (int64_t j = 0; j < valid; ++j) {
+              for (int64_t j = lo; j < valid; ++j) {
                 const float sc = pr[j] * d.scale;
                 float z = sc, dz = d.scale;
                 if (cap > 0.f) {
@@ -289,7 +303,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               const float* qi = qrow + i * H * Dk;
               float* dqi = dq + ((b * T + q0 + i) * H + h) * Dk;
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
-              for (int64_t j = 0; j < valid; ++j) {
+              const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
+              for (int64_t j = lo; j < valid; ++j) {
                 const float pj = pr[j], dsj = dr[j];
                 float* dvj = dvb.data() + j * Dv;
                 float* dkj = dkb.data() + j * Dk;
@@ -330,8 +345,9 @@ void attention_reference_forward(const float* q, const float* k, const float* v,
       for (int64_t t = 0; t < T; ++t) {
         const float* qt = q + ((b * T + t) * H + h) * Dk;
         const int64_t last = P + t;  // the query's own position
+        const int64_t first = d.window > 0 ? std::max<int64_t>(0, last - d.window + 1) : 0;
         double zmax = -std::numeric_limits<double>::infinity();
-        for (int64_t u = 0; u <= last; ++u) {
+        for (int64_t u = first; u <= last; ++u) {
           const float* ku = k + (b * Tk + u) * ks + kvh * Dk;
           double dot = 0;
           for (int64_t c = 0; c < Dk; ++c) dot += double(qt[c]) * ku[c];
@@ -341,11 +357,11 @@ void attention_reference_forward(const float* q, const float* k, const float* v,
           zmax = std::max(zmax, z[size_t(u)]);
         }
         double sum = 0;
-        for (int64_t u = 0; u <= last; ++u) sum += std::exp(z[size_t(u)] - zmax);
+        for (int64_t u = first; u <= last; ++u) sum += std::exp(z[size_t(u)] - zmax);
         float* ot = out + ((b * T + t) * H + h) * Dv;
         for (int64_t c = 0; c < Dv; ++c) {
           double acc = 0;
-          for (int64_t u = 0; u <= last; ++u)
+          for (int64_t u = first; u <= last; ++u)
             acc += std::exp(z[size_t(u)] - zmax) / sum * v[(b * Tk + u) * vs + kvh * Dv + c];
           ot[c] = float(acc);
         }

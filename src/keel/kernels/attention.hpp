@@ -15,6 +15,10 @@ struct AttentionDims {
   // Floats between consecutive key (value) rows; 0: kv_heads·qk_dim (kv_heads·v_dim), dense.
   // MLA's absorbed decoding reads values from the first v_dim floats of each key row.
   int64_t k_stride = 0, v_stride = 0;
+  // > 0: sliding-window (local) attention; the query at position p sees keys u with
+  // 0 <= p - u < window, the W most recent positions including its own (HF's sliding_window
+  // mask in Mistral, Gemma 2/3, gpt-oss). Blocks wholly outside the band are never computed.
+  int64_t window = 0;
 };
 
 // q: (B,T,Hq,Dqk), k: (B,Tk,Hkv,Dqk), v: (B,Tk,Hkv,Dv) with Tk = q_offset + T -> out: (B,T,Hq,Dv) (overwritten),
