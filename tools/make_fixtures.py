@@ -33,6 +33,7 @@ DT = torch.float64
 
 # Default init (std of a normal draw, per tensor kind). Norm weights 1 + 0.1 N(0,1).
 INIT = {"linear": 0.15, "conv1d": 0.15, "embedding": 0.15, "bias": 0.1, "norm_weight": 0.1, "norm_bias": 0.1,
+        "norm_offset_weight": 0.1,
         "router": 0.3, "buffer": 0.05}
 # MoE fixtures: the smallest selection margin (k-th minus (k+1)-th choice, and the same for
 # groups) over every forward of the fixture, 3 steps included, must exceed this, so fp32 keel
@@ -109,6 +110,17 @@ FIXTURES = {
                    "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06,
                    "rope_theta": 500000, "attention_bias": False, "tie_word_embeddings": False,
                    "initializer_range": 0.02},
+    },
+    "gemma2": {
+        # (1 + w) norms around both sublayers, GeGLU (tanh), head_dim 12 != 32 / 4 and
+        # query_pre_attn_scalar 20 != head_dim, soft-caps small enough to bite, embeddings times
+        # sqrt(32), layer 0 local with a window of 3 (shorter than the sequence), layer 1 global.
+        "config": {"model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+                   "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "head_dim": 12, "query_pre_attn_scalar": 20, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+                   "sliding_window": 3, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                   "attention_bias": False, "tie_word_embeddings": True, "initializer_range": 0.02},
     },
     "llama_layernorm_post": {
         "config": llama_variant({"norm": "layernorm", "norm_placement": "post"}),
@@ -326,18 +338,21 @@ def check_attention_naive(name, s, params, tokens):
             return w * v / torch.sqrt((v * v).mean() + s["eps"])
         return full[h * hd:(h + 1) * hd]
 
+    scale = s.get("query_scale", 1 / math.sqrt(hd))  # Gemma: query_pre_attn_scalar ** -0.5
+    window = s.get("sliding_window", 0) if 0 in s.get("sliding_layers", []) else 0
     got = torch.zeros_like(want)
     for b in range(B):
         for t in range(T):
             heads = []
+            keys = range(max(0, t - window + 1) if window else 0, t + 1)  # 0 <= t - u < window
             for h in range(nh):
                 g = h // (nh // nkv)
                 q = rot(head_vec("q_proj", b, t, h), t)
-                sc = torch.stack([rot(head_vec("k_proj", b, u, g), u) @ q / math.sqrt(hd) for u in range(t + 1)])
+                sc = torch.stack([rot(head_vec("k_proj", b, u, g), u) @ q * scale for u in keys])
                 if s["attn_softcap"]:
                     sc = s["attn_softcap"] * torch.tanh(sc / s["attn_softcap"])
                 w = torch.softmax(sc, 0)
-                heads.append(sum(w[u] * head_vec("v_proj", b, u, g) for u in range(t + 1)))
+                heads.append(sum(w[i] * head_vec("v_proj", b, u, g) for i, u in enumerate(keys)))
             got[b, t] = lin("o_proj", torch.cat(heads))
     err = (got - want).abs().max().item()
     assert err < 1e-12, f"{name}: naive attention differs by {err}"

@@ -5,7 +5,7 @@ Every block below names the transformers function it reproduces. Everything runs
 dtype the parameters have; make_fixtures.py uses torch.float64 so that the fixtures hold the
 exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-ops).
 
-Families: gpt2, llama, mistral, qwen2, qwen3, olmo2, deepseek_v3 / kimi_k2 with Multi-head Latent
+Families: gpt2, llama, mistral, qwen2, qwen3, olmo2, gemma2, deepseek_v3 / kimi_k2 with Multi-head Latent
 Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), and the MoE
 families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), plus keel's
 variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
@@ -39,6 +39,7 @@ _FAMILY_DEFAULTS = {
     "qwen3_moe": (1e-6, 10000.0, False, 128),  # Qwen3MoeConfig
     "glm4_moe": (1e-5, 10000.0, False, 128),   # Glm4MoeConfig (partial_rotary_factor 0.5)
     "olmo2": (1e-5, 10000.0, False, None),     # Olmo2Config
+    "gemma2": (1e-6, 10000.0, True, 256),      # Gemma2Config
 }
 
 _MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
@@ -129,7 +130,8 @@ def resolve(cfg):
         else:
             qk_norm = bool(keel["qk_norm"])
     # Olmo2DecoderLayer: no input_layernorm; post_attention / post_feedforward norms after each sublayer.
-    placement_d = "post_sublayer" if mt == "olmo2" else "pre"
+    # Gemma2DecoderLayer: four norms, before and after each sublayer.
+    placement_d = {"olmo2": "post_sublayer", "gemma2": "sandwich"}.get(mt, "pre")
     s.update(
         hidden=H, heads=heads, kv_heads=kv, head_dim=head_dim, layers=cfg["num_hidden_layers"],
         vocab=cfg["vocab_size"], inter=cfg["intermediate_size"], act=cfg.get("hidden_act", "silu"),
@@ -140,11 +142,34 @@ def resolve(cfg):
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H),
     )
+    if mt == "gemma2":
+        _resolve_gemma2(cfg, s)
     # Glm4MoeRotaryEmbedding: only the first head_dim * partial_rotary_factor dims rotate.
     prf = float(cfg.get("partial_rotary_factor", 0.5 if mt == "glm4_moe" else 1.0))
     s["rotary_dim"] = int(head_dim * prf)
     s.update(resolve_moe(cfg, mt, s["layers"]))
     return s
+
+
+def _resolve_gemma2(cfg, s):
+    """Gemma2Config / modeling_gemma2.py: Gemma2MLP's act_fn = ACT2FN[config.hidden_activation];
+    Gemma2RMSNorm: x_hat * (1 + w); Gemma2Model: hidden * normalizer (sqrt(hidden_size));
+    Gemma2Attention: scaling = query_pre_attn_scalar ** -0.5, attn_logit_softcapping before the
+    mask; Gemma2ForCausalLM: final_logit_softcapping; sliding_window on layer_types
+    ("sliding_attention" if (i + 1) % 2 else "full_attention" by default). A null cap is off."""
+    def cap(field, default):
+        v = cfg.get(field, default)
+        return 0.0 if v is None else float(v)
+    s["act"] = cfg.get("hidden_activation", "gelu_pytorch_tanh")
+    s["norm_offset"] = True
+    s["embed_scale"] = s["hidden"] ** 0.5
+    s["query_scale"] = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5
+    s["attn_softcap"] = cap("attn_logit_softcapping", 50.0)
+    s["final_softcap"] = cap("final_logit_softcapping", 30.0)
+    s["sliding_window"] = cfg.get("sliding_window", 4096) or 0
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                       for i in range(s["layers"])]
+    s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"]
 
 
 def _embed_scale(keel, hidden):
@@ -197,7 +222,8 @@ def tensor_layout(s):
         out.append((name, tuple(shape), kind))
 
     def norm(prefix, dim):
-        add(prefix + ".weight", [dim], "norm_weight")
+        # Gemma stores w of x_hat * (1 + w): its gains start at zero.
+        add(prefix + ".weight", [dim], "norm_offset_weight" if s.get("norm_offset") else "norm_weight")
         if s["norm"] == "layernorm":
             add(prefix + ".bias", [dim], "norm_bias")
 
@@ -339,6 +365,8 @@ def layer_norm(x, weight, bias, eps):
 def apply_norm(s, p, prefix, x):
     if s["norm"] == "layernorm":
         return layer_norm(x, p[prefix + ".weight"], p[prefix + ".bias"], s["eps"])
+    if s.get("norm_offset"):  # Gemma2RMSNorm: output * (1.0 + self.weight)
+        return rms_norm(x, 1.0 + p[prefix + ".weight"], s["eps"])
     return rms_norm(x, p[prefix + ".weight"], s["eps"])
 
 
@@ -468,14 +496,17 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(B, kv, n_rep, T, hd).reshape(B, kv * n_rep, T, hd)
 
 
-def causal_attention_core(q, k, v, scaling, softcap, stats):
+def causal_attention_core(q, k, v, scaling, softcap, stats, window=0):
     """modeling_llama.eager_attention_forward (+ Gemma2's soft-capping, modeling_gemma2.py):
     w = q k^T * scaling; [softcap: w = c * tanh(w / c)]; + causal mask; softmax; w v.
-    stats: list to which the per-head max of the scaled, pre-cap logit over batch and
-    unmasked positions is appended."""
+    window > 0: the sliding-window mask too, query i sees key j iff 0 <= i - j < window
+    (masking_utils.sliding_window_overlay). stats: list to which the per-head max of the scaled,
+    pre-cap logit over batch and unmasked positions is appended."""
     T = q.shape[-2]
     w = torch.matmul(q, k.transpose(2, 3)) * scaling
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if window:
+        mask = mask & ~torch.ones(T, T, dtype=torch.bool).tril(-window)
     if stats is not None:
         with torch.no_grad():
             stats.append(w.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3)))
@@ -509,7 +540,9 @@ def decoder_attention(s, p, prefix, x, cos, sin, stats):
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     n_rep = nh // nkv
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-    o = causal_attention_core(q, k, v, hd ** -0.5, s["attn_softcap"], stats)
+    layer = int(prefix.split(".")[2])
+    window = s.get("sliding_window", 0) if layer in s.get("sliding_layers", []) else 0
+    o = causal_attention_core(q, k, v, s.get("query_scale", hd ** -0.5), s["attn_softcap"], stats, window)
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
     return proj("o_proj", o)
 

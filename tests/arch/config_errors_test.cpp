@@ -97,6 +97,67 @@ TEST(ConfigErrors, HeadsNotDivisibleByKvHeads) {
   EXPECT_NE(e.reason().find("not divisible"), std::string::npos);
 }
 
+nlohmann::json gemma2() {
+  return nlohmann::json::parse(R"({
+    "model_type": "gemma2", "hidden_size": 64, "intermediate_size": 192, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 256,
+    "max_position_embeddings": 512, "sliding_window": 32})");
+}
+
+TEST(ConfigErrors, GemmaLayerTypesAndWindowAreChecked) {
+  auto c = gemma2();
+  c["layer_types"] = {"sliding_attention", "chunked_attention"};
+  Error e = spec_error(c);
+  EXPECT_EQ(e.field(), "layer_types");
+  EXPECT_NE(std::string(e.what()).find("entry 1 is 'chunked_attention'"), std::string::npos) << e.what();
+  c["layer_types"] = {"sliding_attention"};
+  EXPECT_EQ(spec_error(c).field(), "layer_types");  // one entry for two layers
+  c["layer_types"] = "sliding_attention";
+  EXPECT_EQ(spec_error(c).field(), "layer_types");
+  c = gemma2();
+  c["sliding_window"] = 1024;  // the context is 512
+  e = spec_error(c);
+  EXPECT_EQ(e.file(), "cfg.json");
+  EXPECT_EQ(e.field(), "sliding_window");
+  c["sliding_window"] = 0;
+  EXPECT_EQ(spec_error(c).field(), "sliding_window");
+  c = gemma2();
+  c["attn_logit_softcapping"] = -1;
+  EXPECT_EQ(spec_error(c).field(), "attn_logit_softcapping");
+  c = gemma2();
+  c["query_pre_attn_scalar"] = 0;
+  EXPECT_EQ(spec_error(c).field(), "query_pre_attn_scalar");
+  c = gemma2();
+  c["hidden_activation"] = "swiglu";
+  EXPECT_EQ(spec_error(c).field(), "hidden_activation");
+}
+
+TEST(ConfigErrors, GemmaDefaultsAndNullsFollowGemma2Config) {
+  ModelSpec s = spec_from_config(gemma2(), "cfg.json");
+  EXPECT_TRUE(s.norm_unit_offset);
+  EXPECT_EQ(s.placement, NormPlacement::Sandwich);
+  EXPECT_DOUBLE_EQ(s.attention.softcap, 50.0);
+  EXPECT_DOUBLE_EQ(s.final_softcap, 30.0);
+  EXPECT_DOUBLE_EQ(s.attention.query_pre_attn_scalar, 256.0);
+  EXPECT_DOUBLE_EQ(s.embed_scale, 8.0);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  EXPECT_EQ(s.mlp.activation, Activation::GeluTanh);
+  EXPECT_TRUE(s.is_sliding_layer(0));
+  EXPECT_FALSE(s.is_sliding_layer(1));
+  auto c = gemma2();
+  c["attn_logit_softcapping"] = nullptr;
+  c["final_logit_softcapping"] = nullptr;
+  c["sliding_window"] = nullptr;
+  c["keel"] = {{"z_loss", 1e-4}};  // a keel object keeps the family's own settings
+  s = spec_from_config(c, "cfg.json");
+  EXPECT_EQ(s.attention.softcap, 0.0);
+  EXPECT_EQ(s.final_softcap, 0.0);
+  EXPECT_FALSE(s.is_sliding_layer(0));
+  c = gemma2();
+  c["keel"] = {{"z_loss", 1e-4}};
+  EXPECT_DOUBLE_EQ(spec_from_config(c, "cfg.json").attention.softcap, 50.0);
+}
+
 TEST(ConfigErrors, UnknownModelTypeListsSupported) {
   auto c = qwen3();
   c["model_type"] = "bert";

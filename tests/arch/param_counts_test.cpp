@@ -43,7 +43,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Expected{"glm-4.5.json", 352'797'829'024, 33'632'266'144},
                       // OLMo 2 stores float32: total_size / 4 (29,194,469,376 and 54,864,793,600 bytes).
                       Expected{"olmo-2-1124-7b.json", 7'298'617'344, 7'298'617'344},
-                      Expected{"olmo-2-1124-13b.json", 13'716'198'400, 13'716'198'400}));
+                      Expected{"olmo-2-1124-13b.json", 13'716'198'400, 13'716'198'400},
+                      // Tied head (no lm_head tensor stored): 2,614,341,888 as published for google/gemma-2-2b.
+                      Expected{"gemma-2-2b-it.json", 2'614'341'888, 2'614'341'888}));
 
 TEST(ParamCounts, NonEmbeddingExcludesEmbeddingsAndHead) {
   // Qwen2.5-7B's model card: 6.53B non-embedding.

@@ -99,6 +99,40 @@ TEST_P(GeneratorMatchesForward, LogitsThroughTheCacheEqualTheFullForwardAtEveryP
   }
 }
 
+// A sliding-window layer's cache stays within two windows however long the sequence; a global
+// layer's holds every position; the logits stay those of the full forward.
+TEST(GeneratorSlidingWindow, LocalLayerCacheIsBoundedByTheWindow) {
+  TransformerModel model(tiny_spec("gemma2.json", {"sliding_window=5"}));
+  randomize(model, 11);
+  ASSERT_TRUE(model.spec().is_sliding_layer(0));
+  ASSERT_FALSE(model.spec().is_sliding_layer(1));
+  const int64_t T = 60, V = model.spec().vocab_size;
+  const auto tokens = random_tokens(T, V, 5);
+  std::vector<float> full(static_cast<size_t>(T * V)), step(static_cast<size_t>(V));
+  model.forward_logits(tokens.data(), 1, T, full.data());
+  DecodeState state = model.new_decode_state();
+  int64_t most = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    model.forward_incremental(&tokens[size_t(t)], 1, state, step.data());
+    most = std::max(most, state.layers[0].rows());
+    EXPECT_EQ(state.layers[0].positions(), t + 1);
+    EXPECT_EQ(state.layers[1].rows(), t + 1);
+    EXPECT_LT(relative_error(step, full.data() + t * V), kTolerance) << "position " << t;
+  }
+  EXPECT_LE(most, 2 * 5);
+  EXPECT_GE(most, 5);
+  // A prefill longer than the window, then more tokens.
+  state.clear();
+  std::vector<float> last(static_cast<size_t>(V));
+  model.forward_incremental(tokens.data(), 23, state, last.data());
+  EXPECT_LT(relative_error(last, full.data() + 22 * V), kTolerance);
+  for (int64_t t = 23; t < T; ++t) {
+    model.forward_incremental(&tokens[size_t(t)], 1, state, step.data());
+    EXPECT_LT(relative_error(step, full.data() + t * V), kTolerance) << "after prefill, " << t;
+  }
+  EXPECT_LE(state.layers[0].rows(), 2 * 5);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Families, GeneratorMatchesForward,
     ::testing::Values(Case{"gpt2", "gpt2.json", {}}, Case{"llama_rope_llama3", "llama.json", {}},
@@ -106,6 +140,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_qknorm", "qwen3.json", {}},
                       // OLMo 2: post-sublayer norms, QK-Norm over the full q and k widths (GQA 4/2).
                       Case{"olmo2", "olmo2.json", {}},
+                      // Gemma 2: (1 + w) sandwich norms, soft-caps, query_pre_attn_scalar, GeGLU,
+                      // √hidden embeddings; layer 0 local with a window of 4 (the cache drops rows).
+                      Case{"gemma2_window4", "gemma2.json", {"sliding_window=4", "attn_logit_softcapping=3"}},
+                      Case{"gemma2_layer_types", "gemma2.json",
+                           {"sliding_window=6", "layer_types=[\"full_attention\", \"sliding_attention\"]"}},
                       Case{"full_width_qknorm_sandwich", "llama.json", {"keel.qk_norm=full_width", "keel.norm_placement=sandwich"}},
                       Case{"gqa4", "llama.json", {"num_attention_heads=8", "num_key_value_heads=2", "head_dim=8"}},
                       Case{"layernorm_post", "llama.json", {"keel.norm=layernorm", "keel.norm_placement=post"}},

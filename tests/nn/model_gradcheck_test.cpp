@@ -110,6 +110,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_qknorm", "qwen3.json", {}},
                       // OLMo 2: post-sublayer norms, QK-Norm over the full q and k widths (GQA 4/2).
                       Case{"olmo2", "olmo2.json", {}},
+                      // Gemma 2: (1 + w) sandwich norms, soft-caps, query_pre_attn_scalar, GeGLU,
+                      // √hidden embeddings; layer 0 local with a window of 4 (the cache drops rows).
+                      Case{"gemma2_window4", "gemma2.json", {"sliding_window=4", "attn_logit_softcapping=3"}},
+                      Case{"gemma2_layer_types", "gemma2.json",
+                           {"sliding_window=6", "layer_types=[\"full_attention\", \"sliding_attention\"]"}},
                       Case{"full_width_qknorm_sandwich", "llama.json", {"keel.qk_norm=full_width", "keel.norm_placement=sandwich"}},
                       Case{"gqa4", "llama.json", {"num_attention_heads=8", "num_key_value_heads=2", "head_dim=8"}},
                       Case{"layernorm_post", "llama.json", {"keel.norm=layernorm", "keel.norm_placement=post"}},

@@ -108,7 +108,8 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
   for (const Family& f : {Family{"llama.json", "LlamaForCausalLM", {"attention_bias=true", "mlp_bias=true"}},
                           Family{"qwen2.json", "Qwen2ForCausalLM", {"keel.z_loss=0.001"}},
                           Family{"qwen3.json", "Qwen3ForCausalLM", {}},
-                          Family{"olmo2.json", "Olmo2ForCausalLM", {"attention_bias=true"}}}) {
+                          Family{"olmo2.json", "Olmo2ForCausalLM", {"attention_bias=true"}},
+                          Family{"gemma2.json", "Gemma2ForCausalLM", {}}}) {
     SCOPED_TRACE(f.config);
     Run run = make_run(std::string("run_") + f.config, f.config, f.sets);
     const fs::path out = dir_ / (std::string("hf_") + f.config);
@@ -137,7 +138,7 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     } else {
       EXPECT_EQ(c["head_dim"], spec.attention.head_dim);
     }
-    EXPECT_EQ(c["hidden_act"], "silu");
+    EXPECT_EQ(c["hidden_act"], spec.mlp.hidden_act);
     EXPECT_EQ(c["max_position_embeddings"], spec.max_position_embeddings);
     EXPECT_EQ(c["rms_norm_eps"], spec.norm_eps);
     EXPECT_EQ(c["rope_theta"], spec.attention.rope.theta);
@@ -153,7 +154,14 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     } else {
       EXPECT_EQ(c["attention_bias"], spec.attention.qkv_bias);
     }
-    if (spec.family == arch::Family::Llama || spec.family == arch::Family::Olmo2) {
+    if (spec.family == arch::Family::Gemma2) {
+      EXPECT_EQ(c["hidden_activation"], "gelu_pytorch_tanh");
+      EXPECT_EQ(c["query_pre_attn_scalar"], 32.0);
+      EXPECT_EQ(c["attn_logit_softcapping"], 50.0);
+      EXPECT_EQ(c["final_logit_softcapping"], 30.0);
+      EXPECT_EQ(c["sliding_window"], 32);
+      EXPECT_EQ(c["layer_types"], json::array({"sliding_attention", "full_attention"}));
+    } else if (spec.family == arch::Family::Llama || spec.family == arch::Family::Olmo2) {
       EXPECT_EQ(c["attention_bias"], true);
       EXPECT_EQ(c.contains("mlp_bias"), spec.family == arch::Family::Llama);
       EXPECT_FALSE(c.contains("sliding_window"));
@@ -169,6 +177,11 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     EXPECT_EQ(back.attention.qk_norm_full_width, spec.attention.qk_norm_full_width);
     EXPECT_EQ(back.attention.head_dim, spec.attention.head_dim);
     EXPECT_EQ(back.placement, spec.placement);
+    EXPECT_EQ(back.norm_unit_offset, spec.norm_unit_offset);
+    EXPECT_EQ(back.attention.softcap, spec.attention.softcap);
+    EXPECT_EQ(back.final_softcap, spec.final_softcap);
+    EXPECT_EQ(back.embed_scale, spec.embed_scale);
+    EXPECT_EQ(back.sliding_layer, spec.sliding_layer);
     EXPECT_EQ(back.attention.qkv_bias, spec.attention.qkv_bias);
     EXPECT_EQ(back.attention.o_bias, spec.attention.o_bias);
     EXPECT_EQ(back.mlp.bias, spec.mlp.bias);
@@ -215,6 +228,8 @@ TEST_F(HfExport, RefusesVariantsTheFamilyCannotExpressNamingTheField) {
   EXPECT_EQ(field_of_refusal("partial", "qwen3.json", {"partial_rotary_factor=0.5"}), "partial_rotary_factor");
   EXPECT_EQ(field_of_refusal("gpt2", "gpt2.json", {}), "model_type");
   EXPECT_EQ(field_of_refusal("olmo2_pre", "olmo2.json", {"keel.norm_placement=pre"}), "keel.norm_placement");
+  EXPECT_EQ(field_of_refusal("gemma2_scale", "gemma2.json", {"keel.embed_scale=1"}), "keel.embed_scale");
+  EXPECT_EQ(field_of_refusal("gemma2_pre", "gemma2.json", {"keel.norm_placement=pre"}), "keel.norm_placement");
   EXPECT_EQ(field_of_refusal("olmo2_per_head", "olmo2.json", {"keel.qk_norm=per_head"}), "keel.qk_norm");
   EXPECT_EQ(field_of_refusal("olmo2_head_dim", "olmo2.json", {"head_dim=8"}), "head_dim");
   EXPECT_EQ(field_of_refusal("qwen3_full_width", "qwen3.json", {"keel.qk_norm=full_width"}), "keel.qk_norm");

@@ -81,10 +81,23 @@ Accounting account(const ModelSpec& spec, int64_t seq) {
   FlopsPerToken& f = acc.flops;
   f.seq = seq;
   f.matmul = 6.0 * static_cast<double>(p.matmul_active);
-  const double per_key = 6.0 * static_cast<double>(spec.num_layers) * static_cast<double>(a.num_heads) *
-                         static_cast<double>(a.qk_head_dim() + a.value_head_dim());
-  f.attention = per_key * static_cast<double>(seq);
-  f.attention_causal = per_key * (static_cast<double>(seq) + 1.0) / 2.0;
+  // Keys per query, summed over layers: seq on a global layer (PaLM's convention), at most the
+  // window on a local one; causal: the mean over positions 1..seq of min(position, window).
+  const double per_key_layer = 6.0 * static_cast<double>(a.num_heads) * static_cast<double>(a.qk_head_dim() + a.value_head_dim());
+  const double T = static_cast<double>(seq);
+  double keys = 0, keys_causal = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.is_sliding_layer(l) && a.sliding_window < seq) {
+      const double W = static_cast<double>(a.sliding_window);
+      keys += W;
+      keys_causal += (W * (W + 1.0) / 2.0 + (T - W) * W) / T;
+    } else {
+      keys += T;
+      keys_causal += (T + 1.0) / 2.0;
+    }
+  }
+  f.attention = per_key_layer * keys;
+  f.attention_causal = per_key_layer * keys_causal;
   return acc;
 }
 

@@ -38,7 +38,8 @@ struct MemoryPlan {
 struct FlopsPerToken {
   int64_t seq = 0;
   double matmul = 0;          // 6 * matmul_active
-  double attention = 0;       // 6 * L * seq * heads * (qk_dim + v_dim), PaLM's convention (full T)
+  double attention = 0;       // 6 * L * seq * heads * (qk_dim + v_dim), PaLM's convention (full T); a
+                              // sliding-window layer counts min(seq, window) keys
   double attention_causal = 0;  // same with the mean causal context (seq + 1) / 2
   double training() const { return matmul + attention; }
   double training_causal() const { return matmul + attention_causal; }

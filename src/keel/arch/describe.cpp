@@ -50,7 +50,15 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                     {"qkv_bias", a.qkv_bias},
                     {"o_bias", a.o_bias},
                     {"softcap", a.softcap > 0 ? json(a.softcap) : json(nullptr)},
-                    {"softmax_scale", 1.0 / std::sqrt(static_cast<double>(a.qk_head_dim()))}};
+                    {"query_pre_attn_scalar", a.query_pre_attn_scalar > 0 ? json(a.query_pre_attn_scalar) : json(nullptr)},
+                    {"softmax_scale", a.kind == AttentionKind::Mla ? 1.0 / std::sqrt(static_cast<double>(a.qk_head_dim()))
+                                                                   : a.softmax_scale()}};
+  json sliding = json::array();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.is_sliding_layer(l)) sliding.push_back(l);
+  }
+  attention["sliding_window"] = a.sliding_window > 0 ? json(a.sliding_window) : json(nullptr);
+  attention["sliding_layers"] = sliding;
   if (a.learned_positions) {
     attention["positions"] = "learned";
     attention["rope"] = nullptr;
@@ -121,6 +129,10 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                {"context_length", spec.max_position_embeddings},
                {"norm", {{"type", to_string(spec.norm)},
                          {"eps", spec.norm_eps},
+                         // Gemma: y = x_hat * (1 + w), w stored (and initialized) around 0.
+                         {"form", spec.norm_unit_offset ? "x_hat*(1+w)" : spec.norm == NormKind::LayerNorm
+                                                                            ? "(x-mean)/std*w+b"
+                                                                            : "x_hat*w"},
                          {"placement", to_string(spec.placement)},
                          {"final_norm", spec.has_final_norm()}}},
                {"ffn", ffn},
@@ -159,7 +171,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                 {"attention", f.attention},
                 {"attention_causal", f.attention_causal},
                 {"formula", "6 * matmul_active + 6 * layers * seq * heads * (qk_head_dim + v_head_dim); "
-                            "causal variant uses (seq + 1) / 2 keys per query"}};
+                            "causal variant uses (seq + 1) / 2 keys per query; a sliding-window layer counts at most window keys"}};
 
   return {{"file", spec.source},
           {"model_type", spec.model_type},

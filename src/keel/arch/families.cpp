@@ -88,6 +88,8 @@ constexpr FamilyCapabilities kGpt2Supports{true, true, false, false, true};  // 
 // OLMo 2: a full-width QK-Norm mixes the heads, so QK-Clip's per-head rescaling of W_q/W_k does
 // not scale one head's logits; it is refused rather than silently ineffective.
 constexpr FamilyCapabilities kOlmo2Supports{true, true, true, false, true};
+// Gemma 2: soft-capped logits are bounded already and QK-Clip's rescaling is not what Gemma does.
+constexpr FamilyCapabilities kGemma2Supports{true, true, true, false, true};
 
 // Defaults follow each family's transformers Config class (e.g. Qwen3Config.head_dim = 128,
 // Glm4MoeConfig.partial_rotary_factor = 0.5, MixtralConfig.rope_theta = 1e6).
@@ -107,6 +109,10 @@ constexpr std::array kFamilies = {
     // post_feedforward norms after each sublayer, q_norm/k_norm over the full q and k widths.
     // Olmo2Config defaults: rms_norm_eps 1e-5, rope_theta 10000 (the released configs set 1e-6, 5e5).
     FamilyRow{Family::Olmo2,      "olmo2",       "Olmo2ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-5, 10000,  1.0, 0,   kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kOlmo2Supports, NormPlacement::PostSublayer, true},
+    // Gemma 2 (modeling_gemma2.py, Gemma2Config defaults): four (1 + w) RMSNorms per layer
+    // (sandwich), GeGLU from `hidden_activation`, head_dim 256, tied head, embeddings times
+    // √hidden, query_pre_attn_scalar, attention and final soft-caps, sliding windows on even layers.
+    FamilyRow{Family::Gemma2,     "gemma2",      "Gemma2ForCausalLM",      false, false, false, "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    true,  1e-6, 10000,  1.0, 256, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kGemma2Supports, NormPlacement::Sandwich, false, true},
 };
 }  // namespace
 

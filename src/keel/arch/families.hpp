@@ -83,6 +83,10 @@ struct FamilyRow {
   // nothing): where its norms sit, and QK-Norm over the whole projection instead of per head.
   NormPlacement placement = NormPlacement::Pre;
   bool qk_norm_full_width = false;
+  // Gemma 2: the field its MLP reads the activation from, and the other Gemma fixtures: (1 + w)
+  // norms, embeddings times √hidden, query_pre_attn_scalar, soft-caps and alternating sliding
+  // windows read from their own config fields (model_spec.cpp, spec_from_gemma_fields).
+  bool gemma_fields = false;
 };
 
 std::span<const FamilyRow> family_table();

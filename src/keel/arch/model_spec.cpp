@@ -23,6 +23,7 @@ std::string_view to_string(Family f) {
     case Family::KimiK2: return "kimi_k2";
     case Family::Glm4Moe: return "glm4_moe";
     case Family::Olmo2: return "olmo2";
+    case Family::Gemma2: return "gemma2";
   }
   return "?";
 }
@@ -175,8 +176,9 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
     }
   }
   spec.z_loss = r.optional_number("z_loss", 0.0, 0.0, 1e3);
-  spec.attention.softcap = r.optional_number("attn_softcap", 0.0, 0.0, 1e6);
-  spec.final_softcap = r.optional_number("final_softcap", 0.0, 0.0, 1e6);
+  // The family's own caps (Gemma 2) stay unless the keel object sets others.
+  spec.attention.softcap = r.optional_number("attn_softcap", spec.attention.softcap, 0.0, 1e6);
+  spec.final_softcap = r.optional_number("final_softcap", spec.final_softcap, 0.0, 1e6);
   if (r.has("embed_scale")) {
     // Vaswani et al. 2017 (§3.4) and Gemma multiply the embeddings by sqrt(hidden_size), so that
     // a 0.02-scale table enters the first block at unit scale; "sqrt_hidden" names that choice.
@@ -298,6 +300,59 @@ ModelSpec spec_from_gpt2(const ConfigReader& r, const FamilyRow& row) {
   return spec;
 }
 
+// A soft-cap field: absent -> the default, null -> off (HF: `if config.x is not None`).
+double optional_cap(const ConfigReader& r, const std::string& field, double fallback) {
+  if (r.object().contains(field) && r.object().at(field).is_null()) return 0.0;
+  return r.optional_number(field, fallback, 0.0, 1e6, /*min_exclusive=*/true);
+}
+
+// Which layers use the sliding window: `layer_types` when given ("sliding_attention" or
+// "full_attention" per layer), else Gemma 2's rule: even layer indices slide (Gemma2Config:
+// "sliding_attention" if (i + 1) % 2 else "full_attention").
+void parse_layer_types(const ConfigReader& r, ModelSpec& spec, int64_t pattern) {
+  const int64_t layers = spec.num_layers;
+  if (!r.has("layer_types")) {
+    for (int64_t l = 0; l < layers; ++l) spec.sliding_layer[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
+    return;
+  }
+  const auto& list = r.object().at("layer_types");
+  if (!list.is_array()) r.fail("layer_types", "expected a list with one entry per layer");
+  if (static_cast<int64_t>(list.size()) != layers) {
+    r.fail("layer_types", "has " + std::to_string(list.size()) + " entries but num_hidden_layers is " +
+                              std::to_string(layers));
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    const auto& v = list[static_cast<size_t>(l)];
+    const std::string type = v.is_string() ? v.get<std::string>() : v.dump();
+    if (type != "sliding_attention" && type != "full_attention") {
+      r.fail("layer_types", "entry " + std::to_string(l) + " is '" + type +
+                                "'; supported: sliding_attention, full_attention");
+    }
+    spec.sliding_layer[static_cast<size_t>(l)] = type == "sliding_attention";
+  }
+}
+
+// Gemma 2's fixtures (Gemma2Config defaults in the fallbacks): (1 + w) norms, embeddings times
+// √hidden (Gemma2Model's normalizer), query_pre_attn_scalar, the two soft-caps, sliding windows.
+void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
+  auto& a = spec.attention;
+  spec.norm_unit_offset = true;
+  spec.embed_scale = std::sqrt(static_cast<double>(spec.hidden_size));
+  a.query_pre_attn_scalar = r.optional_number("query_pre_attn_scalar", 256.0, 0.0, 1e9, /*min_exclusive=*/true);
+  a.softcap = optional_cap(r, "attn_logit_softcapping", 50.0);
+  spec.final_softcap = optional_cap(r, "final_logit_softcapping", 30.0);
+  if (r.object().contains("sliding_window") && r.object().at("sliding_window").is_null()) {
+    a.sliding_window = 0;
+  } else {
+    a.sliding_window = r.optional_int("sliding_window", 4096, 1, kMaxPositions);
+  }
+  if (a.sliding_window > spec.max_position_embeddings) {
+    r.fail("sliding_window", std::to_string(a.sliding_window) + " exceeds max_position_embeddings (" +
+                                 std::to_string(spec.max_position_embeddings) + "): no layer could be local");
+  }
+  parse_layer_types(r, spec, 2);
+}
+
 ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   ModelSpec spec;
   spec.hidden_size = r.required_int("hidden_size", 1, kMaxDim);
@@ -307,10 +362,13 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   spec.norm = NormKind::RmsNorm;
   spec.norm_eps = r.optional_number("rms_norm_eps", row.default_norm_eps, 0.0, 1.0, true);
 
-  auto act = r.optional_string("hidden_act", "silu");
+  // Gemma's MLP reads `hidden_activation` (Gemma2MLP: ACT2FN[config.hidden_activation]); its
+  // config.json also carries a `hidden_act` that the modeling code ignores.
+  const char* act_field = row.gemma_fields ? "hidden_activation" : "hidden_act";
+  auto act = r.optional_string(act_field, row.gemma_fields ? "gelu_pytorch_tanh" : "silu");
   spec.mlp.kind = FfnKind::Gated;
   spec.mlp.hidden_act = act;
-  spec.mlp.activation = parse_activation(r, "hidden_act", act);
+  spec.mlp.activation = parse_activation(r, act_field, act);
   spec.mlp.intermediate_size = r.required_int("intermediate_size", 1, kMaxDim);
   spec.mlp.bias = row.mlp_bias_field && r.optional_bool("mlp_bias", false);
 
@@ -380,6 +438,8 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   }
   parse_moe(r, row, spec);
   spec.mtp_layers = r.optional_int("num_nextn_predict_layers", 0, 0, 64);
+  spec.sliding_layer.assign(static_cast<size_t>(spec.num_layers), false);
+  if (row.gemma_fields) parse_gemma_fields(r, spec);
   return spec;
 }
 
@@ -409,6 +469,7 @@ ModelSpec spec_from_config(const nlohmann::json& config, const std::string& sour
   spec.initializer_range = r.optional_number("initializer_range", 0.02, 0.0, 10.0);
   spec.placement = row->placement;
   if (!spec.moe.enabled) spec.moe.moe_layer.assign(static_cast<size_t>(spec.num_layers), false);
+  if (spec.sliding_layer.empty()) spec.sliding_layer.assign(static_cast<size_t>(spec.num_layers), false);
   apply_keel_extensions(config, source, spec, *row);
   return spec;
 }

@@ -2,6 +2,7 @@
 // The typed model description: everything keel needs to know about an architecture, built
 // from a Hugging Face config.json. One row of the family table (families.cpp) per model_type
 // decides the defaults and the HF names; errors name the config file and the field.
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,7 +13,7 @@
 
 namespace keel::arch {
 
-enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe, Olmo2 };
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2 };
 enum class NormKind { RmsNorm, LayerNorm };
 // pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
 // sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
@@ -68,7 +69,16 @@ struct AttentionSpec {
   // keel.mla_latent_norms = false drops q_a_layernorm and kv_a_layernorm (an ablation: DeepSeek-V2
   // §2.1.2 adds them after the compressed latents; the MLA study asks whether they are needed).
   bool mla_latent_norms = true;
-  double softcap = 0.0;          // keel.attn_softcap; 0 = off
+  double softcap = 0.0;          // keel.attn_softcap or Gemma 2's attn_logit_softcapping; 0 = off
+  // Gemma's query_pre_attn_scalar: logits are scaled by its -1/2 power instead of head_dim's; 0 = unset.
+  double query_pre_attn_scalar = 0.0;
+  // Sliding-window (local) attention on the layers ModelSpec::sliding_layer marks: a query sees
+  // the `sliding_window` most recent positions, its own included. 0 = every layer global.
+  int64_t sliding_window = 0;
+  double softmax_scale() const {
+    return query_pre_attn_scalar > 0 ? 1.0 / std::sqrt(query_pre_attn_scalar)
+                                     : 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  }
   int64_t qk_head_dim() const { return kind == AttentionKind::Mla ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
   int64_t value_head_dim() const { return kind == AttentionKind::Mla ? v_head_dim : head_dim; }
 };
@@ -109,6 +119,8 @@ struct ModelSpec {
   NormKind norm = NormKind::RmsNorm;
   double norm_eps = 1e-6;
   NormPlacement placement = NormPlacement::Pre;
+  // Gemma's RMSNorm: x̂·(1 + w) with w stored and initialized at zero, instead of x̂·w.
+  bool norm_unit_offset = false;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   AttentionSpec attention;
@@ -118,6 +130,10 @@ struct ModelSpec {
   double z_loss = 0.0;           // keel.z_loss
   double final_softcap = 0.0;    // keel.final_softcap
   double embed_scale = 1.0;      // keel.embed_scale: token embeddings are multiplied by it
+  std::vector<bool> sliding_layer;  // per decoder layer: local (sliding-window) attention
+  bool is_sliding_layer(int64_t layer) const {
+    return attention.sliding_window > 0 && sliding_layer[static_cast<size_t>(layer)];
+  }
 
   bool is_moe_layer(int64_t layer) const {
     return moe.enabled && moe.moe_layer[static_cast<size_t>(layer)];

@@ -87,7 +87,8 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
                                 : n["placement"] == "sandwich"
                                     ? "sandwich"
                                     : "post-sublayer (x + norm(f(x)))";
-  r.emplace_back("norm", n["type"].get<std::string>() + ", eps " + number(n["eps"]) + ", " + placement +
+  r.emplace_back("norm", n["type"].get<std::string>() + (n["form"] == "x_hat*(1+w)" ? " (1 + w)" : "") + ", eps " +
+                             number(n["eps"]) + ", " + placement +
                              (n["final_norm"].get<bool>() ? " + final norm" : ", no final norm"));
   const json& ffn = a["ffn"];
   r.emplace_back("FFN", ffn["kind"].get<std::string>() + " (" + ffn["hidden_act"].get<std::string>() + ", " +
@@ -120,6 +121,28 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
       s += ", scaling " + type + (sc.contains("factor") ? " x" + number(sc["factor"]) : "");
     }
     r.emplace_back("positions", s);
+  }
+  r.emplace_back("attention scale",
+                 at["query_pre_attn_scalar"].is_null()
+                     ? fmt("%.4g", at["softmax_scale"].get<double>()) + " (1/sqrt(head_dim))"
+                     : fmt("%.4g", at["softmax_scale"].get<double>()) + " (1/sqrt(query_pre_attn_scalar " +
+                           number(at["query_pre_attn_scalar"]) + "))");
+  {
+    std::string caps;
+    if (!at["softcap"].is_null()) caps = "attention " + number(at["softcap"]);
+    if (!a["final_softcap"].is_null()) caps += (caps.empty() ? "" : ", ") + std::string("final logits ") + number(a["final_softcap"]);
+    r.emplace_back("soft-caps", caps.empty() ? std::string("none") : caps + " (c*tanh(x/c))");
+  }
+  if (at["sliding_window"].is_null() || at["sliding_layers"].empty()) {
+    r.emplace_back("local attention", "none (every layer global)");
+  } else {
+    std::string layers;
+    const json& sl = at["sliding_layers"];
+    for (size_t i = 0; i < sl.size() && i < 6; ++i) layers += (i ? ", " : "") + number(sl[i]);
+    if (sl.size() > 6) layers += ", ...";
+    r.emplace_back("local attention", "sliding window " + number(at["sliding_window"]) + " on " +
+                                          std::to_string(sl.size()) + " of " + number(a["num_hidden_layers"]) +
+                                          " layers (" + layers + "); the others global");
   }
   if (a["moe"].is_null()) {
     r.emplace_back("MoE", "no (dense)");

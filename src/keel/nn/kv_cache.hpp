@@ -18,13 +18,17 @@ namespace keel::nn {
 class KvCache {
  public:
   KvCache() = default;
-  // value_width 0: the values are read from the key rows (MLA's latent).
-  KvCache(int64_t key_width, int64_t value_width, int64_t max_rows)
-      : key_width_(key_width), value_width_(value_width), max_rows_(max_rows) {}
+  // value_width 0: the values are read from the key rows (MLA's latent). window > 0: a
+  // sliding-window layer, whose queries never look further back than window - 1 positions, so
+  // the cache drops older rows and stays below 2·window rows (plus one call's new rows).
+  KvCache(int64_t key_width, int64_t value_width, int64_t max_rows, int64_t window = 0)
+      : key_width_(key_width), value_width_(value_width), max_rows_(max_rows), window_(window) {}
 
   // Appends n rows (values ignored when value_width is 0). Grows by doubling, so a short
-  // generation never allocates the whole context.
+  // generation never allocates the whole context. A windowed cache first drops all but the
+  // newest window - 1 rows once it holds 2·window: the new queries see no older key.
   void append(const float* keys, const float* values, int64_t n) {
+    if (window_ > 0 && rows_ + n > 2 * window_ && rows_ > window_ - 1) drop_oldest(rows_ - (window_ - 1));
     KEEL_CHECK(rows_ + n <= max_rows_);
     reserve(keys_, rows_ + n, key_width_);
     std::memcpy(keys_.data() + rows_ * key_width_, keys, sizeof(float) * static_cast<size_t>(n * key_width_));
@@ -34,11 +38,17 @@ class KvCache {
     }
     rows_ += n;
   }
-  void clear() { rows_ = 0; }
+  void clear() {
+    rows_ = 0;
+    dropped_ = 0;
+  }
 
   const float* keys() const { return keys_.data(); }
   const float* values() const { return value_width_ > 0 ? values_.data() : keys_.data(); }
   int64_t rows() const { return rows_; }
+  // Tokens this cache has seen: the position of the next one (rows() + the rows dropped).
+  int64_t positions() const { return dropped_ + rows_; }
+  int64_t window() const { return window_; }
   int64_t key_width() const { return key_width_; }
   int64_t value_width() const { return value_width_; }
   // Floats one token adds to this layer's cache.
@@ -53,7 +63,17 @@ class KvCache {
     buf.resize(static_cast<size_t>(grown * width));
   }
 
-  int64_t key_width_ = 0, value_width_ = 0, max_rows_ = 0, rows_ = 0;
+  void drop_oldest(int64_t n) {
+    auto shift = [&](std::vector<float>& buf, int64_t width) {
+      std::memmove(buf.data(), buf.data() + n * width, sizeof(float) * static_cast<size_t>((rows_ - n) * width));
+    };
+    shift(keys_, key_width_);
+    if (value_width_ > 0) shift(values_, value_width_);
+    rows_ -= n;
+    dropped_ += n;
+  }
+
+  int64_t key_width_ = 0, value_width_ = 0, max_rows_ = 0, window_ = 0, rows_ = 0, dropped_ = 0;
   std::vector<float> keys_, values_;
 };
 

@@ -22,7 +22,9 @@ Sublayer make_sublayer(ParameterStore& store, const arch::ModelSpec& spec, int64
   Sublayer s;
   const float eps = static_cast<float>(spec.norm_eps);
   const arch::TensorNameTable& names = *arch::family_row(spec).names;
-  auto norm = [&](TensorKind kind) { return Norm(store, names, kind, layer, spec.hidden_size, spec.norm, eps); };
+  auto norm = [&](TensorKind kind) {
+    return Norm(store, names, kind, layer, spec.hidden_size, spec.norm, eps, spec.norm_unit_offset);
+  };
   switch (spec.placement) {
     case arch::NormPlacement::Pre:
       s.before.emplace(norm(attention ? TensorKind::InputNorm : TensorKind::PostAttentionNorm));
@@ -176,7 +178,8 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
   const kernels::RopeTable* rope = spec.attention.learned_positions ? nullptr : &rope_;
   for (int64_t l = 0; l < spec.num_layers; ++l) blocks_.push_back(std::make_unique<Block>(store_, spec, l, rope));
   if (spec.has_final_norm()) {
-    final_norm_.emplace(store_, names, TensorKind::FinalNorm, -1, h, spec.norm, static_cast<float>(spec.norm_eps));
+    final_norm_.emplace(store_, names, TensorKind::FinalNorm, -1, h, spec.norm, static_cast<float>(spec.norm_eps),
+                        spec.norm_unit_offset);
   }
   if (!spec.tie_word_embeddings) lm_head_ = store_.add(names, {TensorKind::LmHead}, {spec.vocab_size, h});
   store_.finalize();

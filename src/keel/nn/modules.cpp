@@ -41,10 +41,19 @@ float* opt_grad(ParameterStore& s, ParamRef r) { return r.valid() ? s.grad(r) : 
 // Norm
 
 Norm::Norm(ParameterStore& store, const arch::TensorNameTable& names, TensorKind kind, int64_t layer, int64_t dim,
-           arch::NormKind norm_kind, float eps)
-    : kind_(norm_kind), dim_(dim), eps_(eps) {
+           arch::NormKind norm_kind, float eps, bool unit_offset)
+    : kind_(norm_kind), unit_offset_(unit_offset), dim_(dim), eps_(eps) {
+  KEEL_CHECK(!unit_offset || norm_kind == arch::NormKind::RmsNorm);
   weight_ = store.add(names, {kind, TensorPart::Weight, layer}, {dim});
+  if (unit_offset) store.set_init(weight_, Init::Zeros);  // 1 + 0: the identity gain at init
   if (norm_kind == arch::NormKind::LayerNorm) bias_ = store.add(names, {kind, TensorPart::Bias, layer}, {dim});
+}
+
+const float* Norm::gain(const ParameterStore& store, float* scratch) const {
+  const float* w = store.data(weight_);
+  if (!unit_offset_) return w;
+  for (int64_t i = 0; i < dim_; ++i) scratch[i] = 1.f + w[i];
+  return scratch;
 }
 
 float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& mean,
@@ -53,7 +62,8 @@ float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, 
   rstd = arena.alloc(static_cast<size_t>(n));
   switch (kind_) {
     case arch::NormKind::RmsNorm:
-      kernels::rmsnorm_forward(x, store.data(weight_), y, rstd, n, dim_, eps_);
+      kernels::rmsnorm_forward(x, gain(store, unit_offset_ ? arena.alloc(static_cast<size_t>(dim_)) : nullptr), y,
+                               rstd, n, dim_, eps_);
       break;
     case arch::NormKind::LayerNorm:
       mean = arena.alloc(static_cast<size_t>(n));
@@ -75,9 +85,12 @@ float* Norm::forward_incremental(const ParameterStore& store, Arena& arena, cons
 
 void Norm::backward(ParameterStore& store, const float* dy, float* dx, int64_t n) {
   switch (kind_) {
-    case arch::NormKind::RmsNorm:
-      kernels::rmsnorm_backward(x_, store.data(weight_), rstd_, dy, dx, store.grad(weight_), n, dim_);
+    case arch::NormKind::RmsNorm: {
+      // d(1 + w)/dw = 1: the gain's gradient is the weight's.
+      std::vector<float> scratch(unit_offset_ ? static_cast<size_t>(dim_) : 0);
+      kernels::rmsnorm_backward(x_, gain(store, scratch.data()), rstd_, dy, dx, store.grad(weight_), n, dim_);
       break;
+    }
     case arch::NormKind::LayerNorm:
       kernels::layernorm_backward(x_, store.data(weight_), mean_, rstd_, dy, dx, store.grad(weight_),
                                   store.grad(bias_), n, dim_);
@@ -95,6 +108,8 @@ Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t
       kv_heads_(spec.attention.num_kv_heads),
       head_dim_(spec.attention.head_dim),
       softcap_(static_cast<float>(spec.attention.softcap)),
+      scale_(static_cast<float>(spec.attention.softmax_scale())),
+      window_(spec.is_sliding_layer(layer) ? spec.attention.sliding_window : 0),
       rope_(rope) {
   const auto& a = spec.attention;
   const arch::TensorNameTable& names = *arch::family_row(spec).names;
@@ -127,8 +142,9 @@ Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t
 }
 
 kernels::AttentionDims Attention::dims(const StepShape& s) const {
-  return {s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_,
-          static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim_))), softcap_};
+  kernels::AttentionDims d{s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_, scale_, softcap_};
+  d.window = window_;
+  return d;
 }
 
 Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, const float* x,
@@ -200,12 +216,14 @@ float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, c
 }
 
 KvCache Attention::make_cache(int64_t max_rows) const {
-  return KvCache(kv_heads_ * head_dim_, kv_heads_ * head_dim_, max_rows);
+  return KvCache(kv_heads_ * head_dim_, kv_heads_ * head_dim_, max_rows, window_);
 }
 
 float* Attention::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                                       KvCache& cache) const {
-  const StepShape s{1, n, cache.rows()};
+  // Positions are absolute (RoPE); rows are what the cache still holds (a sliding layer drops
+  // rows that left its window), and the kernel's causal and window masks count in rows.
+  const StepShape s{1, n, cache.positions()};
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   Inputs in = project(store, arena, x, s);
   kernels::round_activation(in.q, n * q_out);
@@ -213,7 +231,7 @@ float* Attention::forward_incremental(const ParameterStore& store, Arena& arena,
   kernels::round_activation(in.v, n * kv_out);
   cache.append(in.k, in.v, n);
   kernels::AttentionDims d = dims(s);
-  d.q_offset = s.first_position;
+  d.q_offset = cache.rows() - n;
   float* out = arena.alloc(static_cast<size_t>(n * q_out));
   float* lse = arena.alloc(static_cast<size_t>(heads_ * n));
   float* max_logit = arena.alloc(static_cast<size_t>(heads_));

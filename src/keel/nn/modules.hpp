@@ -39,8 +39,9 @@ void rope_at(float* x, const kernels::RopeTable& table, const StepShape& s, int6
 class Norm {
  public:
   // role: the norm's kind and layer; the weight (and LayerNorm's bias) are registered for it.
+  // unit_offset: Gemma's RMSNorm, x̂·(1 + w) with w initialized at zero (Gemma2RMSNorm).
   Norm(ParameterStore& store, const arch::TensorNameTable& names, arch::TensorKind kind, int64_t layer, int64_t dim,
-       arch::NormKind norm_kind, float eps);
+       arch::NormKind norm_kind, float eps, bool unit_offset = false);
   // x: (n, dim) -> returns y: (n, dim) allocated in the arena. x must stay valid until backward.
   float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
   // dy: (n, dim); accumulates dx and the weight (and bias) gradients.
@@ -51,8 +52,11 @@ class Norm {
  private:
   float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& mean,
                  float*& rstd) const;
+  // The gain the kernels multiply by: the weight itself, or 1 + weight in `scratch`.
+  const float* gain(const ParameterStore& store, float* scratch) const;
   ParamRef weight_, bias_;
   arch::NormKind kind_;
+  bool unit_offset_ = false;
   int64_t dim_;
   float eps_;
   const float* x_ = nullptr;
@@ -90,6 +94,8 @@ class Attention {
   arch::ProjectionLayout layout_;  // Gpt2Conv1D: fused c_attn / c_proj in [in, out] layout
   int64_t hidden_, heads_, kv_heads_, head_dim_;
   float softcap_;
+  float scale_;      // 1/√head_dim, or Gemma's query_pre_attn_scalar^-1/2
+  int64_t window_;   // > 0 on a sliding-window (local) layer
   const kernels::RopeTable* rope_;  // null: positions are learned (GPT-2)
   ParamRef wq_, bq_, wk_, bk_, wv_, bv_, wo_, bo_;
   ParamRef w_qkv_, b_qkv_;          // GPT-2

@@ -25,6 +25,16 @@ ParamRef ParameterStore::add(const std::string& name, std::vector<int64_t> shape
   return {info.offset, info.numel};
 }
 
+void ParameterStore::set_init(ParamRef r, Init init) {
+  for (ParamInfo& e : entries_) {
+    if (e.offset == r.offset && e.numel == r.numel) {
+      e.init = init;
+      return;
+    }
+  }
+  KEEL_CHECK(false && "set_init of an unregistered parameter");
+}
+
 ParamRef ParameterStore::add(const arch::TensorNameTable& names, const arch::TensorRole& role,
                              std::vector<int64_t> shape) {
   using arch::TensorKind;

@@ -46,6 +46,8 @@ class ParameterStore {
   // matrices and the heads decay, only hidden matrices are Muon candidates). A CorrectionBias
   // part is a buffer.
   ParamRef add(const arch::TensorNameTable& names, const arch::TensorRole& role, std::vector<int64_t> shape);
+  // Changes how a registered parameter is initialized (Gemma's (1 + w) norm gains start at 0).
+  void set_init(ParamRef r, Init init);
   // The entry registered for a role, or null.
   const ParamInfo* find(const arch::TensorRole& role) const;
   // A zero-initialized buffer (e.g. MoE's e_score_correction_bias): checkpointed and saved

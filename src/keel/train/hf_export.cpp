@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -65,10 +66,16 @@ void check_expressible(const arch::ModelSpec& spec) {
   if (spec.norm != arch::NormKind::RmsNorm) {
     throw Error(src, "keel.norm", family + " uses RMSNorm; transformers cannot load LayerNorm weights into it");
   }
-  if (a.softcap > 0) throw Error(src, "keel.attn_softcap", family + " has no attention logit soft-cap");
+  // Gemma 2 has both soft-caps (any values, or off) and scales its embeddings by √hidden_size.
+  const bool gemma = arch::family_row(spec).gemma_fields;
+  if (!gemma && a.softcap > 0) throw Error(src, "keel.attn_softcap", family + " has no attention logit soft-cap");
   if (spec.mlp.kind != arch::FfnKind::Gated) throw Error(src, "keel.mlp", family + "'s MLP is gated (gate_proj)");
-  if (spec.final_softcap > 0) throw Error(src, "keel.final_softcap", family + " has no final logit soft-cap");
-  if (spec.embed_scale != 1.0) throw Error(src, "keel.embed_scale", family + " does not scale its embeddings");
+  if (!gemma && spec.final_softcap > 0) throw Error(src, "keel.final_softcap", family + " has no final logit soft-cap");
+  const double own_scale = gemma ? std::sqrt(static_cast<double>(spec.hidden_size)) : 1.0;
+  if (spec.embed_scale != own_scale) {
+    throw Error(src, "keel.embed_scale",
+                family + (gemma ? " scales its embeddings by sqrt(hidden_size) only" : " does not scale its embeddings"));
+  }
   if (a.rope.rotary_dim != a.head_dim) {
     throw Error(src, "partial_rotary_factor", family + " rotates the whole head (partial_rotary_factor 1)");
   }
@@ -96,6 +103,12 @@ void check_expressible(const arch::ModelSpec& spec) {
       if (!a.qk_norm) throw Error(src, "keel.qk_norm", "qwen3 always applies q_norm/k_norm");
       if (a.qkv_bias != a.o_bias) {
         throw Error(src, "keel.qkv_bias", "qwen3's attention_bias puts biases on q, k, v and o together");
+      }
+      break;
+    case arch::Family::Gemma2:
+      if (a.qk_norm) throw Error(src, "keel.qk_norm", "gemma2 has no q_norm/k_norm");
+      if (a.qkv_bias != a.o_bias) {
+        throw Error(src, "keel.qkv_bias", "gemma2's attention_bias puts biases on q, k, v and o together");
       }
       break;
     case arch::Family::Olmo2:
@@ -173,6 +186,21 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
       c["attention_bias"] = a.qkv_bias;
       c.erase("head_dim");  // Olmo2Config derives it; checked equal above
       break;
+    case arch::Family::Gemma2: {
+      // Gemma2Config: the MLP reads hidden_activation; null soft-caps and window switch them off.
+      c["attention_bias"] = a.qkv_bias;
+      c["hidden_activation"] = spec.mlp.hidden_act;
+      c["query_pre_attn_scalar"] = a.query_pre_attn_scalar;
+      c["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
+      c["final_logit_softcapping"] = spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr);
+      c["sliding_window"] = a.sliding_window > 0 ? json(a.sliding_window) : json(nullptr);
+      c["layer_types"] = json::array();
+      for (int64_t l = 0; l < spec.num_layers; ++l) {
+        c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
+      }
+      c["cache_implementation"] = "hybrid";
+      break;
+    }
     case arch::Family::Gpt2:
     case arch::Family::Mistral:
     case arch::Family::Qwen3Moe:
