@@ -122,6 +122,18 @@ FIXTURES = {
                    "sliding_window": 3, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                    "attention_bias": False, "tie_word_embeddings": True, "initializer_range": 0.02},
     },
+    "gemma3_text": {
+        # Gemma 3: (1 + w) q_norm / k_norm per head, no soft-caps, sliding_window_pattern 3 over
+        # 3 layers (0, 1 local with window 4 and RoPE base 100; 2 global with base 1e4 and linear
+        # scaling x4), head_dim 12, query_pre_attn_scalar 16, embeddings times sqrt(32).
+        "config": {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 32,
+                   "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+                   "query_pre_attn_scalar": 16, "num_hidden_layers": 3, "max_position_embeddings": 128,
+                   "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "rope_local_base_freq": 100.0,
+                   "rope_scaling": {"rope_type": "linear", "factor": 4.0}, "sliding_window": 4,
+                   "sliding_window_pattern": 3, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                   "attention_bias": False, "tie_word_embeddings": True, "initializer_range": 0.02},
+    },
     "llama_layernorm_post": {
         "config": llama_variant({"norm": "layernorm", "norm_placement": "post"}),
         # Post-norm feeds the raw embedding to layer 0's attention: draw it at unit scale so
@@ -309,6 +321,8 @@ def check_attention_naive(name, s, params, tokens):
     x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"]) * s.get("embed_scale", 1.0)
     if s["placement"] not in ("post", "post_sublayer"):  # those have no norm before attention
         x = rm.apply_norm(s, p, "model.layers.0.input_layernorm", x)
+    if "local_rope" in s and 0 in s["sliding_layers"]:  # Gemma 3: layer 0 rotates with the local base
+        s = dict(s, rope=s["local_rope"])
     cos, sin = rm.rope_cos_sin(s, T)
     want = rm.decoder_attention(s, p, "model.layers.0.self_attn", x, cos, sin, None)
     nh, nkv, hd = s["heads"], s["kv_heads"], s["head_dim"]
@@ -332,6 +346,8 @@ def check_attention_naive(name, s, params, tokens):
         full = lin(n, x[b, t])
         if s["qk_norm"] and n in ("q_proj", "k_proj"):
             w = p[pre + ("q_norm" if n == "q_proj" else "k_norm") + ".weight"]
+            if s.get("norm_offset"):  # Gemma3RMSNorm: x_hat * (1 + w)
+                w = 1.0 + w
             if s.get("qk_full"):  # OLMo 2: one RMS over the token's whole projection, one gain per element
                 return (w * full / torch.sqrt((full * full).mean() + s["eps"]))[h * hd:(h + 1) * hd]
             v = full[h * hd:(h + 1) * hd]

@@ -5,7 +5,7 @@ Every block below names the transformers function it reproduces. Everything runs
 dtype the parameters have; make_fixtures.py uses torch.float64 so that the fixtures hold the
 exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-ops).
 
-Families: gpt2, llama, mistral, qwen2, qwen3, olmo2, gemma2, deepseek_v3 / kimi_k2 with Multi-head Latent
+Families: gpt2, llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, deepseek_v3 / kimi_k2 with Multi-head Latent
 Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), and the MoE
 families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), plus keel's
 variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
@@ -40,6 +40,7 @@ _FAMILY_DEFAULTS = {
     "glm4_moe": (1e-5, 10000.0, False, 128),   # Glm4MoeConfig (partial_rotary_factor 0.5)
     "olmo2": (1e-5, 10000.0, False, None),     # Olmo2Config
     "gemma2": (1e-6, 10000.0, True, 256),      # Gemma2Config
+    "gemma3_text": (1e-6, 1e6, True, 256),     # Gemma3TextConfig
 }
 
 _MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
@@ -117,7 +118,7 @@ def resolve(cfg):
         qkv_bias, o_bias, mlp_bias = attention_bias, False, False
     else:                  # Qwen3Attention / Qwen3MoeAttention / Olmo2Attention: q,k,v,o bias=config.attention_bias
         qkv_bias, o_bias, mlp_bias = attention_bias, attention_bias, False
-    qk_norm = mt in ("qwen3", "qwen3_moe", "olmo2")  # Qwen3Attention / Olmo2Attention q_norm, k_norm
+    qk_norm = mt in ("qwen3", "qwen3_moe", "olmo2", "gemma3_text")  # Qwen3/Olmo2/Gemma3Attention q_norm, k_norm
     # Olmo2Attention: q_norm = Olmo2RMSNorm(num_heads * head_dim), k_norm over num_kv_heads * head_dim
     qk_full = mt == "olmo2"
     if mt == "glm4_moe":
@@ -131,7 +132,7 @@ def resolve(cfg):
             qk_norm = bool(keel["qk_norm"])
     # Olmo2DecoderLayer: no input_layernorm; post_attention / post_feedforward norms after each sublayer.
     # Gemma2DecoderLayer: four norms, before and after each sublayer.
-    placement_d = {"olmo2": "post_sublayer", "gemma2": "sandwich"}.get(mt, "pre")
+    placement_d = {"olmo2": "post_sublayer", "gemma2": "sandwich", "gemma3_text": "sandwich"}.get(mt, "pre")
     s.update(
         hidden=H, heads=heads, kv_heads=kv, head_dim=head_dim, layers=cfg["num_hidden_layers"],
         vocab=cfg["vocab_size"], inter=cfg["intermediate_size"], act=cfg.get("hidden_act", "silu"),
@@ -142,8 +143,8 @@ def resolve(cfg):
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H),
     )
-    if mt == "gemma2":
-        _resolve_gemma2(cfg, s)
+    if mt in ("gemma2", "gemma3_text"):
+        _resolve_gemma(cfg, s, mt)
     # Glm4MoeRotaryEmbedding: only the first head_dim * partial_rotary_factor dims rotate.
     prf = float(cfg.get("partial_rotary_factor", 0.5 if mt == "glm4_moe" else 1.0))
     s["rotary_dim"] = int(head_dim * prf)
@@ -151,14 +152,19 @@ def resolve(cfg):
     return s
 
 
-def _resolve_gemma2(cfg, s):
+def _resolve_gemma(cfg, s, mt):
     """Gemma2Config / modeling_gemma2.py: Gemma2MLP's act_fn = ACT2FN[config.hidden_activation];
     Gemma2RMSNorm: x_hat * (1 + w); Gemma2Model: hidden * normalizer (sqrt(hidden_size));
     Gemma2Attention: scaling = query_pre_attn_scalar ** -0.5, attn_logit_softcapping before the
     mask; Gemma2ForCausalLM: final_logit_softcapping; sliding_window on layer_types
-    ("sliding_attention" if (i + 1) % 2 else "full_attention" by default). A null cap is off."""
+    ("sliding_attention" if (i + 1) % 2 else "full_attention" by default). A null cap is off.
+    Gemma3TextConfig / modeling_gemma3.py: the same layer with q_norm / k_norm (Gemma3RMSNorm over
+    head_dim, before RoPE), no soft-caps by default, (i + 1) % sliding_window_pattern (6) for the
+    layer types, and the local layers' RoPE from rope_local_base_freq without rope_scaling."""
+    gemma3 = mt == "gemma3_text"
+
     def cap(field, default):
-        v = cfg.get(field, default)
+        v = cfg.get(field, None if gemma3 else default)
         return 0.0 if v is None else float(v)
     s["act"] = cfg.get("hidden_activation", "gelu_pytorch_tanh")
     s["norm_offset"] = True
@@ -167,9 +173,12 @@ def _resolve_gemma2(cfg, s):
     s["attn_softcap"] = cap("attn_logit_softcapping", 50.0)
     s["final_softcap"] = cap("final_logit_softcapping", 30.0)
     s["sliding_window"] = cfg.get("sliding_window", 4096) or 0
-    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+    pattern = cfg.get("sliding_window_pattern", 6) if gemma3 else 2
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
                                        for i in range(s["layers"])]
     s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if gemma3:
+        s["local_rope"] = {"theta": float(cfg.get("rope_local_base_freq", 10000.0)), "scaling": None}
 
 
 def _embed_scale(keel, hidden):
@@ -418,6 +427,8 @@ def rope_inv_freq(s, dtype=torch.float64):
     rope_type = (sc or {}).get("rope_type", (sc or {}).get("type", "default"))
     if sc is None or rope_type == "default":
         return inv_freq
+    if rope_type == "linear":  # _compute_linear_scaling_rope_parameters: inv_freq / factor
+        return inv_freq / sc["factor"]
     if rope_type == "yarn":
         factor = sc["factor"]
         original = sc.get("original_max_position_embeddings") or s["rope"]["max_positions"]
@@ -533,9 +544,10 @@ def decoder_attention(s, p, prefix, x, cos, sin, stats):
     q = q.view(B, T, nh, hd)
     k = k.view(B, T, nkv, hd)
     v = proj("v_proj", x).view(B, T, nkv, hd)
-    if s["qk_norm"] and not s.get("qk_full"):  # Qwen3RMSNorm(head_dim), eps = rms_norm_eps
-        q = rms_norm(q, p[prefix + ".q_norm.weight"], s["eps"])
-        k = rms_norm(k, p[prefix + ".k_norm.weight"], s["eps"])
+    if s["qk_norm"] and not s.get("qk_full"):  # Qwen3RMSNorm(head_dim) / Gemma3RMSNorm (1 + w), eps = rms_norm_eps
+        off = 1.0 if s.get("norm_offset") else 0.0
+        q = rms_norm(q, off + p[prefix + ".q_norm.weight"], s["eps"])
+        k = rms_norm(k, off + p[prefix + ".k_norm.weight"], s["eps"])
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     n_rep = nh // nkv
@@ -711,9 +723,12 @@ def decoder_forward(s, p, tokens, collect_stats=True):
     if s.get("embed_scale", 1.0) != 1.0:
         x = x * s["embed_scale"]
     cos, sin = rope_cos_sin(s, T, emb.dtype)
+    if "local_rope" in s:  # Gemma3TextModel.rotary_emb_local for the sliding layers
+        cos_l, sin_l = rope_cos_sin(dict(s, rope=s["local_rope"]), T, emb.dtype)
     stats = [] if collect_stats else None
     for l in range(s["layers"]):
-        x = decoder_layer(s, p, l, x, cos, sin, stats)
+        local = "local_rope" in s and l in s["sliding_layers"]
+        x = decoder_layer(s, p, l, x, cos_l if local else cos, sin_l if local else sin, stats)
     if s["placement"] != "post":
         x = apply_norm(s, p, "model.norm", x)
     head = emb if s["tie"] else p["lm_head.weight"]

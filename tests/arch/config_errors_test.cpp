@@ -158,6 +158,33 @@ TEST(ConfigErrors, GemmaDefaultsAndNullsFollowGemma2Config) {
   EXPECT_DOUBLE_EQ(spec_from_config(c, "cfg.json").attention.softcap, 50.0);
 }
 
+TEST(ConfigErrors, Gemma3ReadsItsTextConfigWithGemma3TextConfigDefaults) {
+  auto mm = nlohmann::json::parse(R"({"model_type": "gemma3", "vision_config": {"hidden_size": 8}})");
+  Error e = spec_error(mm);
+  EXPECT_EQ(e.file(), "cfg.json");
+  EXPECT_EQ(e.field(), "text_config");
+  mm["text_config"] = "gemma3_text";
+  EXPECT_EQ(spec_error(mm).field(), "text_config");
+  mm["text_config"] = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 7}, {"sliding_window", 16}};
+  ModelSpec s = spec_from_config(mm, "cfg.json");
+  EXPECT_EQ(s.family, Family::Gemma3Text);
+  EXPECT_EQ(s.wrapper_model_type, "gemma3");
+  EXPECT_EQ(s.vocab_size, 262208);  // Gemma3TextConfig defaults
+  EXPECT_EQ(s.attention.num_heads, 8);
+  EXPECT_EQ(s.attention.num_kv_heads, 4);
+  EXPECT_EQ(s.attention.head_dim, 256);
+  EXPECT_DOUBLE_EQ(s.attention.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(s.attention.rope.local_theta, 1e4);
+  EXPECT_TRUE(s.attention.qk_norm);
+  EXPECT_EQ(s.attention.softcap, 0.0);
+  EXPECT_EQ(s.final_softcap, 0.0);
+  for (int64_t l = 0; l < 7; ++l) EXPECT_EQ(s.is_sliding_layer(l), l != 5) << l;  // 5 local : 1 global
+  // Errors inside text_config name it.
+  mm["text_config"]["layer_types"] = {"full_attention"};
+  e = spec_error(mm);
+  EXPECT_EQ(e.field(), "text_config.layer_types");
+}
+
 TEST(ConfigErrors, UnknownModelTypeListsSupported) {
   auto c = qwen3();
   c["model_type"] = "bert";

@@ -45,7 +45,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Expected{"olmo-2-1124-7b.json", 7'298'617'344, 7'298'617'344},
                       Expected{"olmo-2-1124-13b.json", 13'716'198'400, 13'716'198'400},
                       // Tied head (no lm_head tensor stored): 2,614,341,888 as published for google/gemma-2-2b.
-                      Expected{"gemma-2-2b-it.json", 2'614'341'888, 2'614'341'888}));
+                      Expected{"gemma-2-2b-it.json", 2'614'341'888, 2'614'341'888},
+                      Expected{"gemma-3-1b-it.json", 999'885'952, 999'885'952},
+                      // The language model of the multimodal checkpoint (4,300,079,472 with the
+                      // SigLIP tower's 416,866,032 and the projector's 2,950,272).
+                      Expected{"gemma-3-4b-it.json", 3'880'263'168, 3'880'263'168}));
 
 TEST(ParamCounts, NonEmbeddingExcludesEmbeddingsAndHead) {
   // Qwen2.5-7B's model card: 6.53B non-embedding.

@@ -113,6 +113,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // Gemma 2: (1 + w) sandwich norms, soft-caps, query_pre_attn_scalar, GeGLU,
                       // √hidden embeddings; layer 0 local with a window of 4 (the cache drops rows).
                       Case{"gemma2_window4", "gemma2.json", {"sliding_window=4", "attn_logit_softcapping=3"}},
+                      // Gemma 3: (1 + w) QK-Norm, local layers with their own RoPE base and a window
+                      // of 5, the global layer with linear RoPE scaling.
+                      Case{"gemma3_local_global", "gemma3_text.json",
+                           {"sliding_window=5", "rope_scaling={\"rope_type\": \"linear\", \"factor\": 2.0}"}},
                       Case{"gemma2_layer_types", "gemma2.json",
                            {"sliding_window=6", "layer_types=[\"full_attention\", \"sliding_attention\"]"}},
                       Case{"full_width_qknorm_sandwich", "llama.json", {"keel.qk_norm=full_width", "keel.norm_placement=sandwich"}},

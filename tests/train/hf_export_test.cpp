@@ -109,7 +109,8 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
                           Family{"qwen2.json", "Qwen2ForCausalLM", {"keel.z_loss=0.001"}},
                           Family{"qwen3.json", "Qwen3ForCausalLM", {}},
                           Family{"olmo2.json", "Olmo2ForCausalLM", {"attention_bias=true"}},
-                          Family{"gemma2.json", "Gemma2ForCausalLM", {}}}) {
+                          Family{"gemma2.json", "Gemma2ForCausalLM", {}},
+                          Family{"gemma3_text.json", "Gemma3ForCausalLM", {}}}) {
     SCOPED_TRACE(f.config);
     Run run = make_run(std::string("run_") + f.config, f.config, f.sets);
     const fs::path out = dir_ / (std::string("hf_") + f.config);
@@ -161,6 +162,11 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
       EXPECT_EQ(c["final_logit_softcapping"], 30.0);
       EXPECT_EQ(c["sliding_window"], 32);
       EXPECT_EQ(c["layer_types"], json::array({"sliding_attention", "full_attention"}));
+    } else if (spec.family == arch::Family::Gemma3Text) {
+      EXPECT_TRUE(c["attn_logit_softcapping"].is_null());
+      EXPECT_TRUE(c["final_logit_softcapping"].is_null());
+      EXPECT_EQ(c["rope_local_base_freq"], 10000.0);
+      EXPECT_EQ(c["layer_types"], json::array({"sliding_attention", "sliding_attention", "full_attention"}));
     } else if (spec.family == arch::Family::Llama || spec.family == arch::Family::Olmo2) {
       EXPECT_EQ(c["attention_bias"], true);
       EXPECT_EQ(c.contains("mlp_bias"), spec.family == arch::Family::Llama);
@@ -182,6 +188,7 @@ TEST_F(HfExport, WritesTheFieldsNamesAndShapesTransformersExpects) {
     EXPECT_EQ(back.final_softcap, spec.final_softcap);
     EXPECT_EQ(back.embed_scale, spec.embed_scale);
     EXPECT_EQ(back.sliding_layer, spec.sliding_layer);
+    EXPECT_EQ(back.attention.rope.local_theta, spec.attention.rope.local_theta);
     EXPECT_EQ(back.attention.qkv_bias, spec.attention.qkv_bias);
     EXPECT_EQ(back.attention.o_bias, spec.attention.o_bias);
     EXPECT_EQ(back.mlp.bias, spec.mlp.bias);

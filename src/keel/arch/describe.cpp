@@ -68,7 +68,9 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                          {"partial_rotary_factor", a.rope.partial_rotary_factor},
                          {"rotary_dim", a.rope.rotary_dim},
                          {"interleave", a.rope.interleave},
-                         {"scaling", a.rope.scaling}};
+                         {"scaling", a.rope.scaling},
+                         // Gemma 3: the sliding layers' base (they rotate without scaling).
+                         {"local_theta", a.rope.local_theta > 0 ? json(a.rope.local_theta) : json(nullptr)}};
   }
   if (a.kind == AttentionKind::Mla) {
     attention["mla"] = {{"q_lora_rank", a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr)},
@@ -177,6 +179,9 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
           {"model_type", spec.model_type},
           {"family", to_string(spec.family)},
           {"hf_architecture", row.hf_architecture},
+          // "gemma3": the multimodal config whose text_config this is; its vision tower is not counted.
+          {"read_from", spec.wrapper_model_type.empty() ? json(nullptr)
+                                                        : json(spec.wrapper_model_type + " text_config")},
           {"architecture", arch},
           {"params", params},
           {"memory", memory},

@@ -113,6 +113,10 @@ constexpr std::array kFamilies = {
     // (sandwich), GeGLU from `hidden_activation`, head_dim 256, tied head, embeddings times
     // √hidden, query_pre_attn_scalar, attention and final soft-caps, sliding windows on even layers.
     FamilyRow{Family::Gemma2,     "gemma2",      "Gemma2ForCausalLM",      false, false, false, "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    true,  1e-6, 10000,  1.0, 256, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kGemma2Supports, NormPlacement::Sandwich, false, true},
+    // Gemma 3 text (modeling_gemma3.py, Gemma3TextConfig defaults): Gemma 2's layer with (1 + w)
+    // QK-Norm per head instead of soft-caps, five local layers (rope_local_base_freq, unscaled)
+    // to one global (rope_theta, rope_scaling). A "gemma3" config is read through its text_config.
+    FamilyRow{Family::Gemma3Text, "gemma3_text", "Gemma3ForCausalLM",      false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    true,  1e-6, 1e6,    1.0, 256, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kGemma2Supports, NormPlacement::Sandwich, false, true},
 };
 }  // namespace
 
@@ -134,7 +138,10 @@ const FamilyRow& family_row(Family family) {
 
 std::vector<std::string> supported_model_types() {
   std::vector<std::string> out;
-  for (const auto& row : kFamilies) out.emplace_back(row.model_type);
+  for (const auto& row : kFamilies) {
+    out.emplace_back(row.model_type);
+    if (row.family == Family::Gemma3Text) out.emplace_back("gemma3");  // read through its text_config
+  }
   return out;
 }
 

@@ -24,6 +24,7 @@ std::string_view to_string(Family f) {
     case Family::Glm4Moe: return "glm4_moe";
     case Family::Olmo2: return "olmo2";
     case Family::Gemma2: return "gemma2";
+    case Family::Gemma3Text: return "gemma3_text";
   }
   return "?";
 }
@@ -332,15 +333,19 @@ void parse_layer_types(const ConfigReader& r, ModelSpec& spec, int64_t pattern) 
   }
 }
 
-// Gemma 2's fixtures (Gemma2Config defaults in the fallbacks): (1 + w) norms, embeddings times
-// √hidden (Gemma2Model's normalizer), query_pre_attn_scalar, the two soft-caps, sliding windows.
+// The Gemma fixtures (Gemma2Config / Gemma3TextConfig defaults in the fallbacks): (1 + w) norms,
+// embeddings times √hidden (the models' normalizer), query_pre_attn_scalar, the soft-caps (on by
+// default in Gemma 2, off in Gemma 3), sliding windows (every other layer in Gemma 2, five of
+// every six in Gemma 3), and Gemma 3's local RoPE base.
 void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
   auto& a = spec.attention;
+  const bool gemma3 = spec.family == Family::Gemma3Text;
   spec.norm_unit_offset = true;
   spec.embed_scale = std::sqrt(static_cast<double>(spec.hidden_size));
   a.query_pre_attn_scalar = r.optional_number("query_pre_attn_scalar", 256.0, 0.0, 1e9, /*min_exclusive=*/true);
-  a.softcap = optional_cap(r, "attn_logit_softcapping", 50.0);
-  spec.final_softcap = optional_cap(r, "final_logit_softcapping", 30.0);
+  a.softcap = gemma3 && !r.has("attn_logit_softcapping") ? 0.0 : optional_cap(r, "attn_logit_softcapping", 50.0);
+  spec.final_softcap =
+      gemma3 && !r.has("final_logit_softcapping") ? 0.0 : optional_cap(r, "final_logit_softcapping", 30.0);
   if (r.object().contains("sliding_window") && r.object().at("sliding_window").is_null()) {
     a.sliding_window = 0;
   } else {
@@ -350,7 +355,24 @@ void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
     r.fail("sliding_window", std::to_string(a.sliding_window) + " exceeds max_position_embeddings (" +
                                  std::to_string(spec.max_position_embeddings) + "): no layer could be local");
   }
-  parse_layer_types(r, spec, 2);
+  // Gemma3TextConfig: layer i is local unless (i + 1) % sliding_window_pattern == 0 (default 6).
+  const int64_t pattern = gemma3 ? r.optional_int("sliding_window_pattern", 6, 1, kMaxLayers) : 2;
+  parse_layer_types(r, spec, pattern);
+  if (gemma3) a.rope.local_theta = r.optional_number("rope_local_base_freq", 10000.0, 0.0, 1e15, true);
+}
+
+// Gemma3TextConfig's defaults, which real configs rely on (gemma-3-4b's text_config sets only
+// five fields): filled in where the config is silent, as transformers does.
+nlohmann::json with_gemma3_defaults(nlohmann::json c) {
+  static const nlohmann::json defaults = {
+      {"vocab_size", 262208},       {"hidden_size", 2304},          {"intermediate_size", 9216},
+      {"num_hidden_layers", 26},    {"num_attention_heads", 8},     {"num_key_value_heads", 4},
+      {"head_dim", 256},            {"max_position_embeddings", 131072}, {"rope_theta", 1000000.0},
+      {"rms_norm_eps", 1e-6},       {"hidden_activation", "gelu_pytorch_tanh"}};
+  for (const auto& [key, value] : defaults.items()) {
+    if (!c.contains(key)) c[key] = value;
+  }
+  return c;
 }
 
 ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
@@ -439,6 +461,7 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   parse_moe(r, row, spec);
   spec.mtp_layers = r.optional_int("num_nextn_predict_layers", 0, 0, 64);
   spec.sliding_layer.assign(static_cast<size_t>(spec.num_layers), false);
+  spec.family = row.family;
   if (row.gemma_fields) parse_gemma_fields(r, spec);
   return spec;
 }
@@ -450,20 +473,39 @@ ModelSpec spec_from_config(const nlohmann::json& config, const std::string& sour
     throw Error(source, "", std::string("expected a JSON object at the top level, got ") +
                                 (config.is_array() ? "an array" : std::string("a ") + config.type_name()));
   }
-  ConfigReader r(config, source);
+  ConfigReader top(config, source);
   auto it = config.find("model_type");
-  if (it == config.end() || it->is_null()) r.fail("model_type", "is required but missing");
-  if (!it->is_string()) r.fail("model_type", "expected a string, got " + it->dump());
-  const std::string model_type = it->get<std::string>();
+  if (it == config.end() || it->is_null()) top.fail("model_type", "is required but missing");
+  if (!it->is_string()) top.fail("model_type", "expected a string, got " + it->dump());
+  std::string model_type = it->get<std::string>();
+  // Gemma 3's multimodal config (Gemma3ForConditionalGeneration) holds its language model in
+  // text_config; keel reads that (the vision tower is not counted or trained).
+  nlohmann::json body = config;
+  std::string prefix, wrapper;
+  if (model_type == "gemma3") {
+    const auto tc = config.find("text_config");
+    if (tc == config.end() || !tc->is_object()) {
+      top.fail("text_config", tc == config.end() ? "missing: a gemma3 config holds its language model there"
+                                                 : "expected an object (the language model's config)");
+    }
+    body = *tc;
+    body["model_type"] = "gemma3_text";
+    prefix = "text_config.";
+    wrapper = model_type;
+    model_type = "gemma3_text";
+  }
   const FamilyRow* row = find_family(model_type);
   if (row == nullptr) {
     std::string list;
     for (const auto& name : supported_model_types()) list += (list.empty() ? "" : ", ") + name;
-    r.fail("model_type", "unsupported model_type '" + model_type + "'; supported: " + list);
+    top.fail("model_type", "unsupported model_type '" + model_type + "'; supported: " + list);
   }
+  if (row->family == Family::Gemma3Text) body = with_gemma3_defaults(std::move(body));
+  ConfigReader r(body, source, prefix);
   ModelSpec spec = row->gpt2_fields ? spec_from_gpt2(r, *row) : spec_from_decoder(r, *row);
   spec.family = row->family;
   spec.model_type = model_type;
+  spec.wrapper_model_type = wrapper;
   spec.source = source;
   spec.tie_word_embeddings = r.optional_bool("tie_word_embeddings", row->default_tie_embeddings);
   spec.initializer_range = r.optional_number("initializer_range", 0.02, 0.0, 10.0);

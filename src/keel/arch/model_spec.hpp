@@ -13,7 +13,7 @@
 
 namespace keel::arch {
 
-enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2 };
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
 enum class NormKind { RmsNorm, LayerNorm };
 // pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
 // sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
@@ -45,6 +45,9 @@ struct RopeSpec {
   int64_t rotary_dim = 0;        // dims of each head that rotate (even), rest pass through
   bool interleave = false;       // DeepSeek's rope_interleave (adjacent pairs)
   nlohmann::json scaling;        // rope_scaling object as given, or null
+  // Gemma 3's rope_local_base_freq: the base of the sliding-window layers, which rotate without
+  // rope_scaling (Gemma3TextModel.rotary_emb_local); 0 = every layer uses `theta` and `scaling`.
+  double local_theta = 0.0;
 };
 
 struct AttentionSpec {
@@ -112,6 +115,8 @@ struct ModelSpec {
   Family family = Family::Llama;
   std::string model_type;
   std::string source;            // file the spec came from, for messages
+  // A multimodal config whose language model keel read from its text_config ("gemma3"), or empty.
+  std::string wrapper_model_type;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;

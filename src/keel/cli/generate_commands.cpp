@@ -98,7 +98,7 @@ void register_generate(CLI::App& app) {
 
 void register_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "export", "Write a run's newest checkpoint as a Hugging Face model folder (llama, qwen2, qwen3, olmo2, gemma2)");
+      "export", "Write a run's newest checkpoint as a Hugging Face model folder (llama, qwen2, qwen3, olmo2, gemma2, gemma3_text)");
   struct Options {
     std::string run, out;
   };

@@ -78,7 +78,10 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
   auto section = [&](const std::string& name) { r.emplace_back("#" + name, ""); };
 
   section("Architecture");
-  r.emplace_back("family", d["model_type"].get<std::string>() + " (" + d["hf_architecture"].get<std::string>() + ")");
+  r.emplace_back("family", d["model_type"].get<std::string>() + " (" + d["hf_architecture"].get<std::string>() + ")" +
+                               (d["read_from"].is_null() ? std::string()
+                                                         : ", read from a " + d["read_from"].get<std::string>() +
+                                                               " (vision tower not counted)"));
   r.emplace_back("layers x hidden", number(a["num_hidden_layers"]) + " x " + number(a["hidden_size"]));
   r.emplace_back("vocab / context", number(a["vocab_size"]) + " / " + number(a["context_length"]));
   const json& n = a["norm"];
@@ -119,6 +122,9 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
       const json& sc = rope["scaling"];
       std::string type = sc.contains("rope_type") ? sc["rope_type"].dump() : sc.contains("type") ? sc["type"].dump() : "?";
       s += ", scaling " + type + (sc.contains("factor") ? " x" + number(sc["factor"]) : "");
+    }
+    if (!rope["local_theta"].is_null()) {
+      s += "; sliding layers theta " + number(rope["local_theta"]) + " unscaled";
     }
     r.emplace_back("positions", s);
   }

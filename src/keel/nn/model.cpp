@@ -176,7 +176,15 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
     rope_.interleave = spec.attention.rope.interleave;  // only MLA configs set rope_interleave
   }
   const kernels::RopeTable* rope = spec.attention.learned_positions ? nullptr : &rope_;
-  for (int64_t l = 0; l < spec.num_layers; ++l) blocks_.push_back(std::make_unique<Block>(store_, spec, l, rope));
+  const double local_theta = spec.attention.rope.local_theta;
+  if (rope && local_theta > 0) {
+    local_rope_ = kernels::make_rope_table(local_theta, spec.attention.rope.rotary_dim, spec.max_position_embeddings,
+                                           nlohmann::json(nullptr), spec.source);
+  }
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const kernels::RopeTable* layer_rope = rope && local_theta > 0 && spec.is_sliding_layer(l) ? &local_rope_ : rope;
+    blocks_.push_back(std::make_unique<Block>(store_, spec, l, layer_rope));
+  }
   if (spec.has_final_norm()) {
     final_norm_.emplace(store_, names, TensorKind::FinalNorm, -1, h, spec.norm, static_cast<float>(spec.norm_eps),
                         spec.norm_unit_offset);

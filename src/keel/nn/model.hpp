@@ -116,6 +116,7 @@ class TransformerModel {
   arch::ModelSpec spec_;
   ParameterStore store_;
   kernels::RopeTable rope_;
+  kernels::RopeTable local_rope_;  // Gemma 3's sliding layers: rope_local_base_freq, no scaling
   ParamRef embed_, positions_, lm_head_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::optional<Norm> final_norm_;

@@ -137,7 +137,7 @@ Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t
   if (a.o_bias) bo_ = add(TensorKind::O, TensorPart::Bias, {hidden_});
   if (a.qk_norm) {
     qk_norm_.emplace(store, names, layer, heads_, kv_heads_, head_dim_, static_cast<float>(spec.norm_eps),
-                     a.qk_norm_full_width);
+                     a.qk_norm_full_width, spec.norm_unit_offset);
   }
 }
 

@@ -16,8 +16,9 @@ namespace keel::nn {
 
 class QkNorm {
  public:
+  // unit_offset: Gemma 3's (1 + w) gains, stored and initialized around 0 (Gemma3RMSNorm).
   QkNorm(ParameterStore& store, const arch::TensorNameTable& names, int64_t layer, int64_t heads, int64_t kv_heads,
-         int64_t head_dim, float eps, bool full_width = false);
+         int64_t head_dim, float eps, bool full_width = false, bool unit_offset = false);
 
   // Per-row statistics of one call, for backward (rstd: (n·heads), (n·kv_heads); per head,
   // or (n), (n) full width).
@@ -37,6 +38,9 @@ class QkNorm {
   // One normalized row: a head's vector (per head) or a token's whole projection (full width).
   int64_t q_rows_per_token_, k_rows_per_token_, q_width_, k_width_;
   float eps_;
+  bool unit_offset_;
+  // The gain the kernel multiplies by: the weight, or 1 + weight written into `scratch`.
+  const float* gain(const ParameterStore& store, ParamRef r, int64_t width, float* scratch) const;
 };
 
 }  // namespace keel::nn

@@ -105,6 +105,12 @@ void check_expressible(const arch::ModelSpec& spec) {
         throw Error(src, "keel.qkv_bias", "qwen3's attention_bias puts biases on q, k, v and o together");
       }
       break;
+    case arch::Family::Gemma3Text:
+      if (!a.qk_norm) throw Error(src, "keel.qk_norm", "gemma3_text always applies q_norm/k_norm");
+      if (a.qkv_bias != a.o_bias) {
+        throw Error(src, "keel.qkv_bias", "gemma3_text's attention_bias puts biases on q, k, v and o together");
+      }
+      break;
     case arch::Family::Gemma2:
       if (a.qk_norm) throw Error(src, "keel.qk_norm", "gemma2 has no q_norm/k_norm");
       if (a.qkv_bias != a.o_bias) {
@@ -186,8 +192,10 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
       c["attention_bias"] = a.qkv_bias;
       c.erase("head_dim");  // Olmo2Config derives it; checked equal above
       break;
-    case arch::Family::Gemma2: {
-      // Gemma2Config: the MLP reads hidden_activation; null soft-caps and window switch them off.
+    case arch::Family::Gemma2:
+    case arch::Family::Gemma3Text: {
+      // Gemma2Config / Gemma3TextConfig: the MLP reads hidden_activation; null soft-caps and
+      // window switch them off; Gemma 3's local layers rotate with rope_local_base_freq.
       c["attention_bias"] = a.qkv_bias;
       c["hidden_activation"] = spec.mlp.hidden_act;
       c["query_pre_attn_scalar"] = a.query_pre_attn_scalar;
@@ -199,6 +207,7 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
         c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
       }
       c["cache_implementation"] = "hybrid";
+      if (spec.family == arch::Family::Gemma3Text) c["rope_local_base_freq"] = a.rope.local_theta;
       break;
     }
     case arch::Family::Gpt2:

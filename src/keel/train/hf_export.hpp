@@ -6,7 +6,7 @@
 //   model.safetensors       F32, the HF tensor names keel trains under
 //   tokenizer.json          the run's tokenizer, byte for byte
 //   generation_config.json  bos/eos ids
-// Families: llama, qwen2, qwen3, olmo2, gemma2. Variants transformers cannot express for the family (post or
+// Families: llama, qwen2, qwen3, olmo2, gemma2, gemma3_text. Variants transformers cannot express for the family (post or
 // sandwich norms, LayerNorm, QK-Norm on llama/qwen2, bias patterns the class cannot hold,
 // soft-caps, partial rotary) are refused with keel::Error naming the field; z_loss, a training
 // objective only, is dropped.
