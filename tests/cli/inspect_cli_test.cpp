@@ -2,6 +2,8 @@
 // answered by one line on stderr and exit status 2.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 
@@ -115,6 +117,63 @@ TEST_F(InspectBadInput, EveryClassGivesOneLineAndStatusTwo) {
   std::filesystem::create_directories(dir_ / "empty_model");
   expect_clean_error((dir_ / "empty_model").string(), "no config.json");
   expect_clean_error(write("ok.json", good + "}"), "key=value", "--set oops");
+  // The Gemma fields: an unknown layer type, a list of the wrong length, a window wider than the
+  // context, and a multimodal Gemma 3 config without its text_config.
+  const std::string gemma = R"({"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+      "vocab_size": 100, "max_position_embeddings": 256)";
+  expect_clean_error(write("types.json", gemma + R"(, "layer_types": ["sliding_attention", "chunked_attention"]})"),
+                     "field 'layer_types': entry 1 is 'chunked_attention'");
+  expect_clean_error(write("types_len.json", gemma + R"(, "layer_types": ["sliding_attention"]})"),
+                     "field 'layer_types': has 1 entries but num_hidden_layers is 2");
+  expect_clean_error(write("window.json", gemma + R"(, "sliding_window": 4096})"),
+                     "field 'sliding_window': 4096 exceeds max_position_embeddings (256)");
+  expect_clean_error(write("gemma3.json", R"({"model_type": "gemma3", "vision_config": {}})"),
+                     "field 'text_config': missing");
+  expect_clean_error(write("gemma3_types.json", R"({"model_type": "gemma3", "text_config": {"num_hidden_layers": 2,
+      "layer_types": ["full_attention", "sliding"]}})"), "field 'text_config.layer_types'");
+}
+
+TEST(InspectCli, GemmaAndOlmoFieldsInTheTableAndJson) {
+  auto r = run_keel("inspect --json " + source_path("configs/hf/gemma-2-2b-it.json"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& a = j["architecture"];
+  EXPECT_EQ(j["params"]["total"], 2'614'341'888);
+  EXPECT_EQ(a["norm"]["form"], "x_hat*(1+w)");
+  EXPECT_EQ(a["norm"]["placement"], "sandwich");
+  EXPECT_EQ(a["attention"]["query_pre_attn_scalar"], 256.0);
+  EXPECT_DOUBLE_EQ(a["attention"]["softmax_scale"].get<double>(), 1.0 / 16);
+  EXPECT_EQ(a["attention"]["attn_logit_softcapping"], 50.0);
+  EXPECT_EQ(a["final_logit_softcapping"], 30.0);
+  EXPECT_EQ(a["attention"]["sliding_window"], 4096);
+  ASSERT_EQ(a["attention"]["layer_types"].size(), 26u);
+  EXPECT_EQ(a["attention"]["layer_types"][0], "sliding_attention");
+  EXPECT_EQ(a["attention"]["layer_types"][1], "full_attention");
+  EXPECT_EQ(a["ffn"]["hidden_act"], "gelu_pytorch_tanh");
+  EXPECT_DOUBLE_EQ(a["embed_scale"].get<double>(), std::sqrt(2304.0));
+  EXPECT_TRUE(a["embed_scale_is_sqrt_hidden"].get<bool>());
+
+  auto g3 = run_keel("inspect --json " + source_path("configs/hf/gemma-3-4b-it.json"));
+  ASSERT_EQ(g3.status, 0) << g3.err;
+  const auto k = nlohmann::json::parse(g3.out);
+  EXPECT_EQ(k["params"]["total"], 3'880'263'168);
+  EXPECT_EQ(k["read_from"], "gemma3 text_config");
+  EXPECT_EQ(k["architecture"]["attention"]["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(k["architecture"]["attention"]["rope"]["theta"], 1e6);
+  EXPECT_EQ(k["architecture"]["attention"]["qk_norm_width"], "per_head");
+  EXPECT_TRUE(k["architecture"]["attention"]["attn_logit_softcapping"].is_null());
+
+  auto o = run_keel("inspect " + source_path("configs/hf/olmo-2-1124-7b.json"));
+  ASSERT_EQ(o.status, 0) << o.err;
+  EXPECT_NE(o.out.find("post-sublayer (x + norm(f(x))) + final norm"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("yes (full width: over all heads of q and of k)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("7,298,617,344"), std::string::npos) << o.out;
+  auto t = run_keel("inspect " + source_path("configs/hf/gemma-2-2b-it.json"));
+  EXPECT_NE(t.out.find("RMSNorm (1 + w), eps 1e-06, sandwich + final norm"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("attention 50, final logits 30"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("sliding window 4,096 on 13 of 26 layers"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("(sqrt hidden_size)"), std::string::npos) << t.out;
 }
 
 TEST_F(InspectBadInput, UnknownOptionIsAnErrorToo) {

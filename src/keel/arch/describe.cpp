@@ -59,6 +59,14 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
   }
   attention["sliding_window"] = a.sliding_window > 0 ? json(a.sliding_window) : json(nullptr);
   attention["sliding_layers"] = sliding;
+  // The same facts under HF's config names, for readers who search for them.
+  json layer_types = json::array();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    layer_types.push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
+  }
+  attention["layer_types"] = layer_types;
+  attention["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
+  attention["rope_local_base_freq"] = a.rope.local_theta > 0 ? json(a.rope.local_theta) : json(nullptr);
   if (a.learned_positions) {
     attention["positions"] = "learned";
     attention["rope"] = nullptr;
@@ -145,7 +153,11 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                {"initializer_range", spec.initializer_range},
                {"z_loss", spec.z_loss},
                {"final_softcap", spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr)},
-               {"embed_scale", spec.embed_scale}};
+               {"final_logit_softcapping", spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr)},
+               {"embed_scale", spec.embed_scale},
+               {"embed_scale_is_sqrt_hidden",
+                spec.embed_scale != 1.0 &&
+                    std::abs(spec.embed_scale - std::sqrt(static_cast<double>(spec.hidden_size))) < 1e-9}};
 
   const auto& p = acc.params;
   json params = {{"total", p.total},

@@ -163,7 +163,8 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
     r.emplace_back("router", moe["router"].get<std::string>());
   }
   r.emplace_back("tied embeddings", yes_no(a["tie_word_embeddings"].get<bool>()));
-  r.emplace_back("embedding scale", number(a["embed_scale"]));
+  r.emplace_back("embedding scale", number(a["embed_scale"]) +
+                                        (a["embed_scale_is_sqrt_hidden"].get<bool>() ? " (sqrt hidden_size)" : ""));
   r.emplace_back("MTP modules", number(a["mtp_layers"]));
 
   section("Parameters");
