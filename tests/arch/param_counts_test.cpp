@@ -69,6 +69,27 @@ TEST(ParamCounts, MtpModulesAreCountedApart) {
   EXPECT_EQ(counts("llama-3.1-8b.json").mtp, 0);
 }
 
+TEST(ParamCounts, GemmaAndOlmoFollowEditsByHand) {
+  // Gemma 2 2B layer: q 2304x2048, k and v 2304x1024 each, o 2048x2304, GeGLU 3 x 2304 x 9216,
+  // four (1 + w) norms of 2304 = 77,865,984; tied 256,000 x 2304 embedding and a final norm.
+  const int64_t g2_layer = 2304 * 2048 + 2 * 2304 * 1024 + 2048 * 2304 + 3 * int64_t{2304} * 9216 + 4 * 2304;
+  EXPECT_EQ(g2_layer, 77'865'984);
+  const int64_t g2_embed = int64_t{256000} * 2304;
+  EXPECT_EQ(counts("gemma-2-2b-it.json").total, g2_embed + 2304 + 26 * g2_layer);
+  EXPECT_EQ(counts("gemma-2-2b-it.json", {"num_hidden_layers=4"}).total, g2_embed + 2304 + 4 * g2_layer);
+  // Untying adds a head; the window and caps change no count.
+  EXPECT_EQ(counts("gemma-2-2b-it.json", {"tie_word_embeddings=false", "sliding_window=128"}).total,
+            2 * g2_embed + 2304 + 26 * g2_layer);
+  // Gemma 3 adds q_norm and k_norm of head_dim (256) per layer.
+  const int64_t g3_layer = 1152 * 1024 + 2 * 1152 * 256 + 1024 * 1152 + 3 * int64_t{1152} * 6912 + 4 * 1152 + 2 * 256;
+  EXPECT_EQ(counts("gemma-3-1b-it.json").total, int64_t{262144} * 1152 + 1152 + 26 * g3_layer);
+  // OLMo 2 7B: full-width q_norm and k_norm (4096 each) and two norms per layer; untied head.
+  const int64_t o2_layer = 4 * int64_t{4096} * 4096 + 3 * int64_t{4096} * 11008 + 2 * 4096 + 2 * 4096;
+  EXPECT_EQ(counts("olmo-2-1124-7b.json").total, 2 * int64_t{100352} * 4096 + 4096 + 32 * o2_layer);
+  EXPECT_EQ(counts("olmo-2-1124-7b.json", {"num_key_value_heads=8"}).total,
+            2 * int64_t{100352} * 4096 + 4096 + 32 * (o2_layer - 2 * int64_t{4096} * (4096 - 1024) - (4096 - 1024)));
+}
+
 TEST(ParamCounts, FollowEditsOfTheConfig) {
   // Llama-3.1-8B with 4 layers: embedding + head + final norm + 4 layers of 218,112,000.
   const int64_t embed = int64_t{128256} * 4096;
