@@ -132,6 +132,12 @@ TEST(ConfigErrors, GemmaLayerTypesAndWindowAreChecked) {
   EXPECT_EQ(spec_error(c).field(), "hidden_activation");
 }
 
+TEST(ConfigErrors, GemmaKeepsItsOnePlusWRmsNorm) {
+  auto c = gemma2();
+  c["keel"] = {{"norm", "layernorm"}};
+  EXPECT_EQ(spec_error(c).field(), "keel.norm");
+}
+
 TEST(ConfigErrors, GemmaDefaultsAndNullsFollowGemma2Config) {
   ModelSpec s = spec_from_config(gemma2(), "cfg.json");
   EXPECT_TRUE(s.norm_unit_offset);

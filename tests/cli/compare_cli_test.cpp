@@ -266,6 +266,7 @@ TEST_F(CompareCli, RefusesASweepOrRunFolderAnotherProcessHolds) {
     EXPECT_NE(r.err.find(pid + " (keel train)"), std::string::npos) << r.err;
     EXPECT_TRUE(fs::exists(run / "metrics.jsonl"));
     EXPECT_EQ(fs::file_size(run / "metrics.jsonl"), 0u);
+    EXPECT_FALSE(fs::exists(run / train::kSweepStatusFile)) << "nothing is written into a folder in use";
   }
   // Both released: the sweep runs.
   const auto r = run_keel("compare " + (dir_ / "held.toml").string());

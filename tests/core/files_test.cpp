@@ -57,6 +57,33 @@ TEST_F(Files, ReadErrorsNameTheFileAndWhatItIsFor) {
   EXPECT_NE(folder.reason().find("is a directory, not the thing"), std::string::npos) << folder.what();
 }
 
+TEST_F(Files, AppendFileEndsATornLineAndFailsLoudly) {
+  const std::string log = (dir_ / "events.jsonl").string();
+  write_file_atomic(log, "{\"step\": 1}\n{\"step\": 2, \"ty");  // a kill in the middle of a line
+  {
+    AppendFile f(log);
+    f.append("{\"step\": 3}\n");
+  }
+  EXPECT_EQ(read_file(log, "the log"), "{\"step\": 1}\n{\"step\": 2, \"ty\n{\"step\": 3}\n");
+  {
+    AppendFile f(log);  // a whole last line stays as it is
+    f.append("{\"step\": 4}\n");
+  }
+  EXPECT_EQ(read_file(log, "the log").substr(40), "{\"step\": 4}\n");
+  // A write the file system refuses is an error naming the file (here: /dev/full).
+  if (fs::exists("/dev/full")) {
+    AppendFile full("/dev/full");
+    try {
+      full.append("line\n");
+      ADD_FAILURE() << "a write to /dev/full succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.file(), "/dev/full");
+      EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(AppendFile((dir_ / "missing" / "x").string()), Error);
+}
+
 TEST_F(Files, WriteIntoAMissingFolderFailsNamingTheTarget) {
   const std::string path = (dir_ / "no" / "such" / "x.txt").string();
   try {

@@ -128,6 +128,9 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
     if (norm == "rmsnorm") spec.norm = NormKind::RmsNorm;
     else if (norm == "layernorm") spec.norm = NormKind::LayerNorm;
     else r.fail("norm", "unknown norm '" + norm + "'; supported: rmsnorm, layernorm");
+    if (spec.norm_unit_offset && spec.norm != NormKind::RmsNorm) {
+      r.fail("norm", std::string(row.model_type) + "'s norms are (1 + w) RMSNorms; LayerNorm is not available");
+    }
   }
   if (r.has("norm_placement")) {
     auto p = r.optional_string("norm_placement", "");

@@ -118,7 +118,7 @@ int verify_split(const std::string& dir, const std::string& split, int64_t shard
       const data::TokenShard shard = data::TokenShard::open(path);
       bytes += shard.file_bytes();
       tokens += shard.size();
-      shard.verify_data();
+      shard.verify_data_once();  // the split's open below then reads nothing twice
     } catch (const Error& e) {
       std::fprintf(stderr, "keel: %s\n", e.what());
       ++bad;

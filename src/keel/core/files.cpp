@@ -90,8 +90,15 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
 }
 
 AppendFile::AppendFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(path, "", "cannot open for appending: " + errno_text(errno));
+  // A line torn by a kill or a full disk ends the file without its newline: end it, so the
+  // next line is a line of its own and readers skip only the fragment.
+  struct stat st {};
+  char last = '\n';
+  if (::fstat(fd_, &st) == 0 && st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n') {
+    append("\n");
+  }
 }
 
 AppendFile::AppendFile(AppendFile&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) { other.fd_ = -1; }

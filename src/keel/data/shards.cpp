@@ -117,12 +117,17 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens, std::
 }
 
 TokenShard TokenShard::open(const std::string& path) {
+  // The identity is taken before and after mapping: a file replaced in between gets none, so it
+  // is verified on every open rather than cached under the wrong file's name.
+  auto identity = [&] {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return std::string();
+    return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" +
+           std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  };
+  const std::string before = identity();
   TokenShard shard = parse(map_file(path, "the token shard"), path);
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    shard.identity_ = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) +
-                      ":" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
-  }
+  if (identity() == before) shard.identity_ = before;
   return shard;
 }
 

@@ -190,13 +190,29 @@ void clear_run_dir(const SweepJob& job) {
   if (job.what == "starting" && fs::exists(p.run_dir)) {
     // A folder without a complete checkpoint: what it holds cannot be continued. Only a run
     // folder (or an empty one) is cleared; anything else is the user's and stays.
+    // (A folder holding only run.lock is a trainer killed before its first write.)
     const bool run_like = fs::exists(fs::path(p.run_dir) / io::kRunConfigFile) ||
                           fs::exists(fs::path(p.run_dir) / io::kMetricsFile) ||
-                          fs::exists(fs::path(p.run_dir) / kSweepStatusFile) || fs::is_empty(p.run_dir);
+                          fs::exists(fs::path(p.run_dir) / kSweepStatusFile) ||
+                          fs::exists(fs::path(p.run_dir) / io::kRunLockFile) || fs::is_empty(p.run_dir);
     if (!run_like) throw Error(p.run_dir, "", "exists and is not a run folder; move it away so variant '" + p.name + "' can use it");
-    // A trainer still writing here (a hand-started run, another sweep) keeps its folder.
-    const io::FolderLock held = io::FolderLock::acquire(p.run_dir, io::kRunLockFile, "keel compare");
-    fs::remove_all(p.run_dir);
+    // A trainer still writing here (a hand-started run, another sweep) keeps its folder: it is
+    // left alone, and the variant's own trainer is then refused naming that holder, a failure of
+    // this variant only.
+    std::optional<io::FolderLock> held;
+    try {
+      held.emplace(io::FolderLock::acquire(p.run_dir, io::kRunLockFile, "keel compare"));
+    } catch (const Error&) {
+      return;
+    }
+    // Planned as a fresh start, but a trainer may have made checkpoints since (a hand resume):
+    // they are kept, and the variant's fresh start is refused pointing at --resume.
+    if (io::latest_complete_checkpoint(p.run_dir)) return;
+    // Everything but the lock file we hold: removing it would let another process lock a new one.
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(p.run_dir, ec)) {
+      if (entry.path().filename() != io::kRunLockFile) fs::remove_all(entry.path(), ec);
+    }
   }
 }
 
@@ -247,6 +263,18 @@ void record_failure(const VariantPlan& p, VariantStatus st, const io::MetricsGla
   } else {
     progress.say(progress.tag(p) + ": error before the first step: " + st.message);
     result.errors.push_back(p.name + ": " + st.message + " (log " + p.log + ")");
+  }
+}
+
+// Whether another process holds the run folder's lock right now (a trainer started by hand): its
+// folder is then not this sweep's to write a status into.
+bool held_by_another(const std::string& run_dir) {
+  if (!fs::is_directory(run_dir)) return false;
+  try {
+    io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel compare");
+    return false;
+  } catch (const Error&) {
+    return true;
   }
 }
 
@@ -354,6 +382,15 @@ RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>&
   const std::string exe = self_exe();
   const SweepProgress progress(options.progress, plans);
   check_only(sweep, plans, options.only);
+  // Before the plan reads any run folder: a second supervisor of the same sweep is refused here,
+  // and each variant's trainer holds its own run folder's lock.
+  std::optional<io::FolderLock> lock;
+  if (!options.dry_run) {
+    std::error_code ec;
+    fs::create_directories(sweep.out, ec);
+    if (ec) throw Error(sweep.source, "sweep.out", "cannot create '" + sweep.out + "': " + ec.message());
+    lock.emplace(io::FolderLock::acquire(sweep.out, io::kSweepLockFile, "keel compare"));
+  }
   const std::vector<SweepJob> todo = plan_jobs(sweep, plans, options, exe, progress);
   if (options.dry_run) {
     print_commands(todo, options.threads, progress);
@@ -361,12 +398,6 @@ RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>&
   }
 
   RunnerResult result;
-  std::error_code ec;
-  fs::create_directories(sweep.out, ec);
-  if (ec) throw Error(sweep.source, "sweep.out", "cannot create '" + sweep.out + "': " + ec.message());
-  // Before any run folder is cleared for a retry: a second supervisor of the same sweep is
-  // refused here, and each variant's trainer holds its own run folder's lock.
-  const io::FolderLock lock = io::FolderLock::acquire(sweep.out, io::kSweepLockFile, "keel compare");
 
   std::vector<ChildJob> children;
   for (const auto& j : todo) children.push_back({j.args, j.plan->log, "variant." + j.plan->name});
@@ -375,7 +406,17 @@ RunnerResult run_sweep(const SweepConfig& sweep, const std::vector<VariantPlan>&
   cb.started = [&](size_t i) {
     progress.say(progress.tag(*todo[i].plan) + ": " + todo[i].what + " (log " + todo[i].plan->log + ")");
   };
-  cb.exited = [&](size_t i, const ChildExit& how) { record_exit(*todo[i].plan, how, progress, result); };
+  cb.exited = [&](size_t i, const ChildExit& how) {
+    const VariantPlan& p = *todo[i].plan;
+    if (how.exit_code != 0 && held_by_another(p.run_dir)) {
+      // Refused because the folder is in use: an error of this sweep, nothing written there.
+      const std::string why = last_error_line(p.log);
+      progress.say(progress.tag(p) + ": " + why);
+      result.errors.push_back(p.name + ": " + why);
+      return;
+    }
+    record_exit(p, how, progress, result);
+  };
   run_children(children, static_cast<size_t>(std::max<int64_t>(1, options.parallel)), environment_with("OMP_NUM_THREADS", std::to_string(options.threads)),
                sweep.source, cb);
   return result;
