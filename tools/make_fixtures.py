@@ -182,6 +182,21 @@ FIXTURES = {
                    "rope_interleave": False, "attention_bias": True, "tie_word_embeddings": False,
                    "initializer_range": 0.02},
     },
+    # MLA at rms_norm_eps 1e-2: the block norms use it, q_a_layernorm and kv_a_layernorm keep HF's
+    # DeepseekV3RMSNorm default of 1e-6 (modeling_deepseek_v3.py builds them without the config's
+    # eps). Small latent weights make the eps matter: at 1e-2 for every norm, keel's gradients
+    # differed from HF's by 12%.
+    "mla_latent_eps": {
+        "config": {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 72,
+                   "moe_intermediate_size": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+                   "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 12,
+                   "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-02, "rope_theta": 10000.0,
+                   "rope_interleave": True, "attention_bias": False, "tie_word_embeddings": False,
+                   "initializer_range": 0.02},
+        "init_override": {"self_attn.q_a_proj.weight": 0.02, "self_attn.kv_a_proj_with_mqa.weight": 0.02},
+    },
     "llama_relu": {"config": llama_variant(hidden_act="relu", tie_word_embeddings=True)},
     # DeepSeek-V3's whole block: MLA (q_lora, interleaved RoPE) in both layers, layer 0 dense,
     # layer 1 DeepseekV3MoE (sigmoid router with correction bias, 4 groups of 2 with 2 kept,
@@ -397,8 +412,8 @@ def check_mla_attention_naive(name, s, params, tokens):
         y = p[pre + n + ".weight"] @ v
         return y + p[pre + n + ".bias"] if pre + n + ".bias" in p else y
 
-    def rms(v, w):
-        return w * v / torch.sqrt((v * v).mean() + s["eps"])
+    def rms(v, w):  # the latent norms: DeepseekV3RMSNorm's default eps, not rms_norm_eps
+        return w * v / torch.sqrt((v * v).mean() + 1e-6)
 
     def rot(v, pos):
         out = v.clone()

@@ -594,14 +594,16 @@ def mla_attention(s, p, prefix, x, cos, sin, stats):
         return F.linear(t, p[f"{prefix}.{name}.weight"], p.get(f"{prefix}.{name}.bias"))
 
     if m["q_lora_rank"]:
-        q = proj("q_b_proj", rms_norm(proj("q_a_proj", x), p[prefix + ".q_a_layernorm.weight"], s["eps"]))
+        # DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm as DeepseekV3RMSNorm(rank):
+        # the class default eps 1e-6, not config.rms_norm_eps.
+        q = proj("q_b_proj", rms_norm(proj("q_a_proj", x), p[prefix + ".q_a_layernorm.weight"], 1e-6))
     else:
         q = proj("q_proj", x)
     q = q.view(B, T, nh, nope + rope).transpose(1, 2)
     q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
     compressed = proj("kv_a_proj_with_mqa", x)
     k_pass, k_rot = torch.split(compressed, [m["kv_lora_rank"], rope], dim=-1)
-    k_pass = proj("kv_b_proj", rms_norm(k_pass, p[prefix + ".kv_a_layernorm.weight"], s["eps"]))
+    k_pass = proj("kv_b_proj", rms_norm(k_pass, p[prefix + ".kv_a_layernorm.weight"], 1e-6))
     k_pass = k_pass.view(B, T, nh, nope + vd).transpose(1, 2)
     k_pass, v = torch.split(k_pass, [nope, vd], dim=-1)
     k_rot = k_rot.view(B, 1, T, rope)

@@ -46,7 +46,6 @@ MlaAttention::MlaAttention(ParameterStore& store, const arch::ModelSpec& spec, i
       nope_(spec.attention.qk_nope_head_dim),
       rope_dim_(spec.attention.qk_rope_head_dim),
       v_dim_(spec.attention.v_head_dim),
-      norm_eps_(static_cast<float>(spec.norm_eps)),
       scale_(static_cast<float>(mla_softmax_scale(spec))),
       softcap_(static_cast<float>(spec.attention.softcap)),
       latent_norms_(spec.attention.mla_latent_norms),
@@ -91,7 +90,7 @@ float* MlaAttention::project_q(const ParameterStore& store, Arena& arena, const 
     if (latent_norms_) {
       c_q = alloc(n * q_rank_);
       q_rstd = alloc(n);
-      kernels::rmsnorm_forward(q_a, store.data(q_norm_), c_q, q_rstd, n, q_rank_, norm_eps_);
+      kernels::rmsnorm_forward(q_a, store.data(q_norm_), c_q, q_rstd, n, q_rank_, kLatentNormEps);
     } else {
       c_q = q_a;  // ablation: the latent goes straight into q_b_proj
     }
@@ -117,7 +116,7 @@ float* MlaAttention::project_kv_a(const ParameterStore& store, Arena& arena, con
   if (latent_norms_) {
     c_kv = arena.alloc(static_cast<size_t>(n * kv_rank_));
     kv_rstd = arena.alloc(static_cast<size_t>(n));
-    kernels::rmsnorm_forward(c_pre, store.data(kv_norm_), c_kv, kv_rstd, n, kv_rank_, norm_eps_);
+    kernels::rmsnorm_forward(c_pre, store.data(kv_norm_), c_kv, kv_rstd, n, kv_rank_, kLatentNormEps);
   } else {
     c_kv = c_pre;
   }

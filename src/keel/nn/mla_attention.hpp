@@ -55,7 +55,11 @@ class MlaAttention {
   float* project_kv_a(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float*& c_pre,
                       float*& kv_rstd, float*& c_kv) const;
   int64_t hidden_, heads_, q_rank_, kv_rank_, nope_, rope_dim_, v_dim_;
-  float norm_eps_, scale_, softcap_;
+  // q_a_layernorm / kv_a_layernorm eps: 1e-6 whatever rms_norm_eps says, as HF builds them
+  // (DeepseekV3Attention: DeepseekV3RMSNorm(q_lora_rank), the class default) and DeepSeek's
+  // inference code does; the block norms use rms_norm_eps.
+  static constexpr float kLatentNormEps = 1e-6f;
+  float scale_, softcap_;
   bool latent_norms_;  // q_a_layernorm / kv_a_layernorm present (keel.mla_latent_norms)
   const kernels::RopeTable* rope_;
   ParamRef wq_a_, bq_a_, q_norm_, wq_b_, wq_;  // q_lora_rank > 0: q_a/q_a_layernorm/q_b, else q_proj
