@@ -145,7 +145,8 @@ class LayoutBuilder {
         norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         ffn(layer);
         break;
-      case NormPlacement::Post:
+      case NormPlacement::Post:          // N(x + f(x))
+      case NormPlacement::PostSublayer:  // x + N(f(x)): the same tensors in the same order
         attention(layer);
         norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         ffn(layer);
@@ -156,12 +157,6 @@ class LayoutBuilder {
         attention(layer);
         norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         norm(K::PreFeedforwardNorm, layer, h, c, s_.norm);
-        ffn(layer);
-        norm(K::PostFeedforwardNorm, layer, h, c, s_.norm);
-        break;
-      case NormPlacement::PostSublayer:
-        attention(layer);
-        norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         ffn(layer);
         norm(K::PostFeedforwardNorm, layer, h, c, s_.norm);
         break;

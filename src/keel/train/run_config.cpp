@@ -251,26 +251,14 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
 }  // namespace
 
 RunConfig parse_run_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& err) {
-    throw Error(source, "", "not valid TOML at line " + std::to_string(err.source().begin.line) + ": " +
-                                std::string(err.description()));
-  }
+  toml::table root = parse_toml(text, source);
   for (const auto& item : overrides) apply_override(root, item, source);
   return type_config(root, source);
 }
 
 SpikeConfig parse_spike_config(const std::string& text, const std::string& source,
                                const std::vector<std::string>& overrides) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& err) {
-    throw Error(source, "", "not valid TOML at line " + std::to_string(err.source().begin.line) + ": " +
-                                std::string(err.description()));
-  }
+  toml::table root = parse_toml(text, source);
   for (const auto& item : overrides) apply_override(root, item, source);
   RunConfig c;
   read_spikes_section(TomlSection(root.get_as<toml::table>("spikes"), "spikes", source), c);

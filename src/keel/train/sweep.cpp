@@ -68,13 +68,7 @@ std::string toml_quote(const std::string& s) {
 }  // namespace
 
 SweepConfig parse_sweep(const std::string& text, const std::string& source) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& err) {
-    throw Error(source, "", "not valid TOML at line " + std::to_string(err.source().begin.line) + ": " +
-                                std::string(err.description()));
-  }
+  toml::table root = parse_toml(text, source);
   for (const auto& [key, value] : root) {
     const std::string k(key.str());
     if (k != "sweep" && k != "variant") throw Error(source, k, "unknown section; a sweep file has [sweep] and [[variant]]");

@@ -7,6 +7,16 @@
 
 namespace keel::train {
 
+toml::table parse_toml(const std::string& text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& err) {
+    throw Error(source, "", "not valid TOML at line " + std::to_string(err.source().begin.line) + ": " +
+                                std::string(err.description()));
+  }
+}
+
+
 TomlSection::TomlSection(const toml::table* table, std::string name, std::string source)
     : table_(table), name_(std::move(name)), source_(std::move(source)) {}
 

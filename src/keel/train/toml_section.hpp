@@ -14,6 +14,10 @@
 
 namespace keel::train {
 
+// TEXT parsed as TOML; keel::Error(source, "", "not valid TOML at line N: ...") otherwise. The
+// one parse of run configs, their [spikes] section alone and sweep files.
+toml::table parse_toml(const std::string& text, const std::string& source);
+
 class TomlSection {
  public:
   // `table` may be null (an absent section): every key is then absent. `name` prefixes the key in
