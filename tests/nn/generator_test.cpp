@@ -285,7 +285,7 @@ TEST(GeneratorStops, AtEosAndAtTheContextLength) {
   gen.append(g.ids.back());   // the 8th position fits, a 9th does not
   EXPECT_THROW(gen.append(g.ids.back()), Error);
   // Stopping at eos: make the first greedy token the eos id; it is the last token emitted.
-  o.eos_id = g.ids[0];
+  o.eos_ids = {g.ids[0]};
   Generation e = generate(gen, prompt, o);
   EXPECT_EQ(e.stop, StopReason::Eos);
   EXPECT_EQ(e.ids, std::vector<int32_t>{g.ids[0]});

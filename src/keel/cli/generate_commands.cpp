@@ -33,7 +33,7 @@ void register_generate(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model,
-                  "model directory (config.json + model.safetensors [+ tokenizer.json]) or run folder (run.toml: "
+                  "model directory (config.json + model.safetensors or shards [+ tokenizer.json, generation_config.json]) or run folder (run.toml: "
                   "its newest complete checkpoint)")
       ->required();
   cmd->add_option("--prompt", o->prompt, "text to continue")->required();
@@ -77,7 +77,11 @@ void register_generate(CLI::App& app) {
     nn::GenerateOptions options;
     options.max_new_tokens = o->max_new_tokens;
     options.sampling = sampling;
-    options.eos_id = tokenizer.eos_id();
+    if (tokenizer.eos_id()) options.eos_ids.push_back(*tokenizer.eos_id());
+    for (int32_t id : train::generation_eos_ids(source)) {
+      if (id >= vocab) throw Error(source.generation_config_path, "eos_token_id", "id " + std::to_string(id) + " is outside the vocabulary");
+      options.eos_ids.push_back(id);
+    }
     options.vocab_limit = tokenizer.vocab_size();  // never draw an id the tokenizer cannot decode
     nn::Generator generator(*loaded.model);
     const nn::Generation g = nn::generate(generator, prompt_ids, options);

@@ -57,6 +57,9 @@ class SafetensorsFile {
   const TensorRecord* find(const std::string& name) const;                // nullptr if absent
   // Converts BF16/F16/F32 to float; keel::Error for integer dtypes or an unknown name.
   std::vector<float> read_f32(const std::string& name) const;
+  // The same conversion straight into OUT, which must hold exactly numel() floats (one pass over
+  // the mapped bytes, no intermediate copy: how checkpoints of billions of values are loaded).
+  void read_f32_into(const std::string& name, std::span<float> out) const;
   // I32/I64 -> int64; keel::Error for float dtypes or an unknown name.
   std::vector<int64_t> read_i64(const std::string& name) const;
   // The tensor's stored bytes (little-endian, dtype as recorded), without conversion; no

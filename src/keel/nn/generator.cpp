@@ -134,7 +134,7 @@ Generation generate(Generator& generator, std::span<const int32_t> prompt, const
     if (made > 0) generator.append(out.ids.back());
     const int32_t token = sample_token(logits, options.sampling, static_cast<uint64_t>(made));
     out.ids.push_back(token);
-    if (options.eos_id && token == *options.eos_id) {
+    if (std::find(options.eos_ids.begin(), options.eos_ids.end(), token) != options.eos_ids.end()) {
       out.stop = StopReason::Eos;
       break;
     }

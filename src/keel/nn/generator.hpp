@@ -63,7 +63,9 @@ void check_sampling_config(const SamplingConfig& config);
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingConfig sampling;
-  std::optional<int32_t> eos_id;  // stop after emitting it (it is included in the output)
+  // Stop after emitting any of these (it is included in the output): the tokenizer's end of text
+  // and a generation_config.json's eos_token_id, which chat models give as a list.
+  std::vector<int32_t> eos_ids;
   // > 0: only ids below it are drawn, for a tokenizer smaller than the model's padded vocabulary.
   int64_t vocab_limit = 0;
 };

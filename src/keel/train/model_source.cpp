@@ -1,11 +1,13 @@
 #include "keel/train/model_source.hpp"
 
+#include <climits>
 #include <filesystem>
 
 #include <toml++/toml.h>
 
 #include "keel/arch/config_file.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
 #include "keel/train/run_dir.hpp"
 
 namespace keel::train {
@@ -53,7 +55,9 @@ ModelSource resolve_model_source(const std::string& dir) {
     s.tokenizer_path = run_tokenizer(dir);
   } else {
     s.config_path = (fs::path(dir) / "config.json").string();
-    s.weights_path = (fs::path(dir) / "model.safetensors").string();
+    s.weights_path = io::HfWeights::find_in_dir(dir).value_or((fs::path(dir) / io::kWeightsFile).string());
+    const fs::path generation = fs::path(dir) / "generation_config.json";
+    if (fs::exists(generation)) s.generation_config_path = generation.string();
     const fs::path tok = fs::path(dir) / "tokenizer.json";
     if (fs::exists(tok)) s.tokenizer_path = tok.string();
   }
@@ -63,12 +67,39 @@ ModelSource resolve_model_source(const std::string& dir) {
   return s;
 }
 
+std::vector<int32_t> generation_eos_ids(const ModelSource& source) {
+  if (source.generation_config_path.empty()) return {};
+  const std::string& path = source.generation_config_path;
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(read_file(path, "the generation config"));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path, "", std::string("not valid JSON: ") + e.what());
+  }
+  if (!root.is_object()) throw Error(path, "", "must be a JSON object");
+  if (!root.contains("eos_token_id") || root["eos_token_id"].is_null()) return {};
+  const nlohmann::json& eos = root["eos_token_id"];
+  std::vector<int32_t> ids;
+  auto add = [&](const nlohmann::json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+      throw Error(path, "eos_token_id", "expected a token id or a list of token ids, got " + v.dump());
+    }
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  };
+  if (eos.is_array()) {
+    for (const auto& v : eos) add(v);
+  } else {
+    add(eos);
+  }
+  return ids;
+}
+
 io::LoadedModel load_model_source(const ModelSource& source) {
   arch::LoadedConfig cfg = arch::read_config_file(source.config_path);
   io::LoadedModel out;
   out.model = std::make_unique<nn::TransformerModel>(arch::spec_from_config(cfg.json, cfg.path));
   out.config = std::move(cfg.json);
-  io::load_weights(io::SafetensorsFile::open(source.weights_path), *out.model);
+  io::load_weights(io::HfWeights::open(source.weights_path), *out.model);
   return out;
 }
 

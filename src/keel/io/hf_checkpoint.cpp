@@ -1,0 +1,277 @@
+#include "keel/io/hf_checkpoint.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "keel/arch/families.hpp"
+#include "keel/arch/hf_tensors.hpp"
+#include "keel/core/error.hpp"
+#include "keel/core/files.hpp"
+#include "keel/nn/model.hpp"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A shard is named by its file name alone: the index may not reach outside its folder.
+bool plain_shard_name(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+         name[0] != '.' && name.ends_with(".safetensors") && name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> HfWeights::parse_index(const std::string& text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(source, "", std::string("not valid JSON: ") + e.what());
+  }
+  if (!root.is_object()) throw Error(source, "", "an index must be a JSON object");
+  if (root.contains("metadata") && !root["metadata"].is_object() && !root["metadata"].is_null()) {
+    throw Error(source, "metadata", "must be an object");
+  }
+  if (!root.contains("weight_map")) throw Error(source, "weight_map", "missing: an index maps every tensor to its shard");
+  const json& map = root["weight_map"];
+  if (!map.is_object() || map.empty()) throw Error(source, "weight_map", "must be a non-empty object {tensor: shard file}");
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : map.items()) {
+    if (tensor.empty()) throw Error(source, "weight_map", "has an empty tensor name");
+    if (!file.is_string()) throw Error(source, "weight_map." + tensor, "must be a shard file name (a string)");
+    const std::string shard = file.get<std::string>();
+    if (!plain_shard_name(shard)) {
+      throw Error(source, "weight_map." + tensor,
+                  "'" + shard + "' is not a shard file name beside the index (NAME.safetensors, no folders)");
+    }
+    out.emplace(tensor, shard);
+  }
+  return out;
+}
+
+std::optional<std::string> HfWeights::find_in_dir(const std::string& dir) {
+  const fs::path index = fs::path(dir) / kWeightsIndexFile;
+  if (fs::exists(index)) return index.string();
+  const fs::path single = fs::path(dir) / kWeightsFile;
+  if (fs::exists(single)) return single.string();
+  return std::nullopt;
+}
+
+HfWeights HfWeights::open_dir(const std::string& dir) {
+  if (auto path = find_in_dir(dir)) return open(*path);
+  throw Error(dir, "", std::string("no weights: expected ") + kWeightsFile + " or " + kWeightsIndexFile);
+}
+
+HfWeights HfWeights::open(const std::string& path) {
+  HfWeights w;
+  w.path_ = path;
+  if (!path.ends_with(".json")) {
+    w.files_.push_back(SafetensorsFile::open(path));
+    for (const TensorRecord& t : w.files_[0].tensors()) w.tensors_.push_back({0, &t});
+  } else {
+    const std::map<std::string, std::string> map = parse_index(read_file(path, "the weights index"), path);
+    const fs::path folder = fs::path(path).parent_path();
+    std::map<std::string, size_t> shard_of_file;
+    for (const auto& [tensor, shard] : map) {
+      if (shard_of_file.contains(shard)) continue;
+      const fs::path shard_path = folder / shard;
+      if (!fs::exists(shard_path)) throw Error(path, "weight_map." + tensor, "shard " + shard + " does not exist");
+      shard_of_file.emplace(shard, w.files_.size());
+      w.files_.push_back(SafetensorsFile::open(shard_path.string()));
+    }
+    // Shards in the order of their names (model-00001-of-00003, ...), tensors in header order.
+    for (const auto& [shard, index] : shard_of_file) {
+      const SafetensorsFile& file = w.files_[index];
+      for (const TensorRecord& t : file.tensors()) {
+        const auto it = map.find(t.name);
+        if (it == map.end()) throw Error(file.path(), t.name, "is stored in this shard but the index does not list it");
+        if (it->second != shard) {
+          throw Error(file.path(), t.name, "is stored in this shard but the index maps it to " + it->second);
+        }
+        w.tensors_.push_back({index, &t});
+      }
+    }
+    for (const auto& [tensor, shard] : map) {
+      if (w.files_[shard_of_file.at(shard)].find(tensor) == nullptr) {
+        throw Error(path, "weight_map." + tensor, "the index maps it to " + shard + ", which does not hold it");
+      }
+    }
+  }
+  for (size_t i = 0; i < w.tensors_.size(); ++i) {
+    const std::string& name = w.tensors_[i].record->name;
+    if (!w.by_name_.emplace(name, i).second) {
+      throw Error(w.files_[w.tensors_[i].file].path(), name, "is stored twice");
+    }
+  }
+  return w;
+}
+
+const StoredTensor* HfWeights::find(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+int64_t HfWeights::stored_parameters() const {
+  int64_t n = 0;
+  for (const StoredTensor& t : tensors_) n += t.record->numel();
+  return n;
+}
+
+int64_t HfWeights::stored_bytes() const {
+  int64_t n = 0;
+  for (const StoredTensor& t : tensors_) n += t.record->byte_size();
+  return n;
+}
+
+std::map<std::string, int64_t> HfWeights::dtype_counts() const {
+  std::map<std::string, int64_t> out;
+  for (const StoredTensor& t : tensors_) ++out[std::string(to_string(t.record->dtype))];
+  return out;
+}
+
+void WeightMatch::throw_if_bad(const HfWeights& weights) const {
+  const size_t problems = missing.size() + unexpected.size() + misshapen.size() + wrong_dtype.size();
+  if (problems == 0) return;
+  const std::string more = problems > 1 ? " (and " + std::to_string(problems - 1) + " more problems: `keel inspect` on the folder lists them)" : "";
+  // Each entry is "NAME: reason"; the file is the shard for stored tensors, the index otherwise.
+  auto fail = [&](const std::string& entry) {
+    const auto colon = entry.find(": ");
+    const std::string name = entry.substr(0, colon);
+    const StoredTensor* stored = weights.find(name);
+    throw Error(stored ? weights.file_of(*stored).path() : weights.path(), name, entry.substr(colon + 2) + more);
+  };
+  for (const auto* list : {&misshapen, &wrong_dtype, &missing, &unexpected}) {
+    if (!list->empty()) fail(list->front());
+  }
+}
+
+WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec) {
+  const arch::FamilyRow& row = arch::family_row(spec);
+  const std::string head = arch::tensor_name(*row.names, {arch::TensorKind::LmHead});
+  const std::string prefix(row.optional_prefix);
+
+  // What the config predicts, experts expanded: name -> (shape, MTP?). MTP modules are stored by
+  // DeepSeek-V3-style checkpoints but not trained here (HF's model ignores them too).
+  struct Expected {
+    std::vector<int64_t> shape;
+    bool mtp = false;
+    size_t order = 0;
+  };
+  std::map<std::string, Expected> expected;
+  WeightMatch m;
+  size_t order = 0;
+  for (const arch::TensorEntry& e : arch::hf_tensor_layout(spec, /*include_mtp=*/true)) {
+    for (int64_t c = 0; c < e.copies; ++c) {
+      const std::string name = e.name_for_expert(c);  // "{E}" -> c; other names unchanged
+      expected[name] = {e.shape, e.component == arch::Component::Mtp, order++};
+      m.predicted_parameters += e.numel();
+    }
+  }
+
+  auto ignorable = [&](const std::string& name) {
+    for (std::string_view ending : row.ignored_buffers) {
+      if (!ending.empty() && name.ends_with(ending)) return true;
+    }
+    return name.ends_with(".rotary_emb.inv_freq");  // a buffer older Llama checkpoints saved
+  };
+
+  std::vector<std::pair<size_t, WeightMatch::Load>> loads;
+  std::set<std::string> seen;
+  for (const StoredTensor& stored : weights.tensors()) {
+    const TensorRecord& t = *stored.record;
+    // GPT-2 checkpoints spell names with and without "transformer."; the head sits outside it.
+    std::string name = t.name;
+    if (!prefix.empty() && !name.starts_with(prefix) && name != head) name = prefix + name;
+    const auto it = expected.find(name);
+    if (it == expected.end()) {
+      if (spec.tie_word_embeddings && t.name == head) {
+        m.tied_head_copy = t.name;
+        m.ignored.push_back(t.name);
+      } else if (ignorable(t.name)) {
+        m.ignored.push_back(t.name);
+      } else {
+        m.unexpected.push_back(t.name + ": unexpected tensor: the config has no parameter of that name");
+      }
+      continue;
+    }
+    if (!seen.insert(name).second) {
+      m.unexpected.push_back(t.name + ": stored twice (with and without the " + prefix + " prefix)");
+      continue;
+    }
+    if (t.shape != it->second.shape) {
+      m.misshapen.push_back(t.name + ": shape " + shape_string(t.shape) + " does not match the config's " +
+                            shape_string(it->second.shape));
+      continue;
+    }
+    if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
+      m.wrong_dtype.push_back(t.name + ": dtype " + std::string(to_string(t.dtype)) +
+                              " is not a float type (F32, BF16 or F16)");
+      continue;
+    }
+    if (it->second.mtp) {
+      m.ignored.push_back(t.name);
+    } else {
+      loads.push_back({it->second.order, {name, &stored}});
+    }
+  }
+  for (const auto& [name, e] : expected) {
+    if (!e.mtp && !seen.contains(name)) m.missing.push_back(name + ": missing tensor required by the config");
+  }
+  std::sort(loads.begin(), loads.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [o, load] : loads) m.loads.push_back(std::move(load));
+  return m;
+}
+
+void load_weights(const HfWeights& weights, nn::TransformerModel& model) {
+  const WeightMatch m = match_weights(weights, model.spec());
+  m.throw_if_bad(weights);
+  nn::ParameterStore& store = model.parameters();
+  for (const WeightMatch::Load& load : m.loads) {
+    const nn::ParamInfo* p = store.find(load.parameter);
+    KEEL_CHECK(p != nullptr);  // the model registers exactly the layout's parameters
+    weights.file_of(*load.stored).read_f32_into(load.stored->record->name,
+                                                 std::span<float>(store.data(load.parameter), p->numel));
+  }
+  if (!m.tied_head_copy) return;
+  // Equal bits in one dtype is equal values after conversion (the widening is injective).
+  const arch::FamilyRow& row = arch::family_row(model.spec());
+  const StoredTensor& head = *weights.find(*m.tied_head_copy);
+  const std::string embed_name = arch::tensor_name(*row.names, {arch::TensorKind::Embedding});
+  const nn::ParamInfo* embed = store.find(embed_name);
+  KEEL_CHECK(embed != nullptr);
+  bool equal = false;
+  const StoredTensor* embed_stored = nullptr;
+  for (const WeightMatch::Load& load : m.loads) {
+    if (load.parameter == embed_name) embed_stored = load.stored;
+  }
+  if (embed_stored && embed_stored->record->dtype == head.record->dtype &&
+      embed_stored->record->shape == head.record->shape) {
+    const auto a = weights.file_of(*embed_stored).raw_bytes(embed_stored->record->name);
+    const auto b = weights.file_of(head).raw_bytes(head.record->name);
+    equal = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+  } else if (head.record->shape == embed->shape) {
+    const std::vector<float> values = weights.file_of(head).read_f32(head.record->name);
+    equal = std::memcmp(values.data(), store.data(embed_name), values.size() * sizeof(float)) == 0;
+  }
+  if (!equal) {
+    throw Error(weights.file_of(head).path(), head.record->name,
+                "differs from " + embed_name +
+                    " but config.json says tie_word_embeddings: true, so it would be dropped; set "
+                    "tie_word_embeddings to false if the model has its own head");
+  }
+}
+
+}  // namespace keel::io
