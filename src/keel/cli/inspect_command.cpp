@@ -1,6 +1,7 @@
 // `keel inspect PATH [PATH...]`: what a config describes, exact parameter counts, training
 // memory and FLOPs; several paths are shown side by side.
 #include <cinttypes>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "keel/arch/describe.hpp"
 #include "keel/cli/commands.hpp"
 #include "keel/core/error.hpp"
+#include "keel/io/hf_checkpoint.hpp"
 
 namespace keel::cli {
 
@@ -60,6 +62,51 @@ std::string number(const json& v) {
   if (v.is_number_integer()) return with_commas(v.get<int64_t>());
   if (v.is_number()) return fmt("%g", v.get<double>());
   return v.dump();
+}
+
+// A model folder's stored tensors against what its config predicts, name by name.
+json describe_checkpoint(const io::HfWeights& weights, const arch::ModelSpec& spec) {
+  const io::WeightMatch m = io::match_weights(weights, spec);
+  json files = json::array();
+  for (const auto& f : weights.files()) files.push_back(std::filesystem::path(f.path()).filename().string());
+  auto names = [](const std::vector<std::string>& entries) {
+    json out = json::array();
+    for (const auto& e : entries) out.push_back(e);
+    return out;
+  };
+  return json{{"path", weights.path()},
+              {"files", files},
+              {"tensors", weights.tensors().size()},
+              {"dtypes", weights.dtype_counts()},
+              {"bytes", weights.stored_bytes()},
+              {"stored_parameters", weights.stored_parameters()},
+              {"predicted_parameters", m.predicted_parameters},
+              {"loaded_parameters", [&] {
+                 int64_t n = 0;
+                 for (const auto& l : m.loads) n += l.stored->record->numel();
+                 return n;
+               }()},
+              {"matches", m.ok()},
+              {"tied_head_copy", m.tied_head_copy ? json(*m.tied_head_copy) : json(nullptr)},
+              {"ignored", names(m.ignored)},
+              {"missing", names(m.missing)},
+              {"unexpected", names(m.unexpected)},
+              {"misshapen", names(m.misshapen)},
+              {"wrong_dtype", names(m.wrong_dtype)}};
+}
+
+std::string checkpoint_summary(const json& c) {
+  if (c.is_null()) return "-";
+  std::string dtypes;
+  for (const auto& [d, n] : c["dtypes"].items()) dtypes += (dtypes.empty() ? "" : ", ") + d + " x" + number(n);
+  return number(c["tensors"]) + " tensors in " + number(json(c["files"].size())) + " file(s), " + dtypes;
+}
+
+std::string checkpoint_verdict(const json& c) {
+  if (c.is_null()) return "-";
+  if (c["matches"].get<bool>()) return "every tensor as the config predicts";
+  const size_t problems = c["missing"].size() + c["unexpected"].size() + c["misshapen"].size() + c["wrong_dtype"].size();
+  return std::to_string(problems) + " problem(s), listed below";
 }
 
 struct Row {
@@ -194,6 +241,17 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
   r.emplace_back("total", short_count(f["per_token_training"].get<double>()));
   r.emplace_back("  6 x matmul params", short_count(f["matmul"].get<double>()));
   r.emplace_back("  attention", short_count(f["attention"].get<double>()));
+
+  if (d.contains("checkpoint")) {
+    const json& c = d["checkpoint"];
+    section("Checkpoint (stored tensors)");
+    r.emplace_back("stored", checkpoint_summary(c));
+    r.emplace_back("stored values", c.is_null() ? "-" : count(c["stored_parameters"].get<int64_t>()));
+    r.emplace_back("predicted by config", c.is_null() ? "-" : count(c["predicted_parameters"].get<int64_t>()));
+    r.emplace_back("size on disk", c.is_null() ? "-" : bytes(c["bytes"].get<int64_t>()));
+    r.emplace_back("tied head copy", c.is_null() || c["tied_head_copy"].is_null() ? "-" : "stored, checked equal on load");
+    r.emplace_back("match", checkpoint_verdict(c));
+  }
   return r;
 }
 
@@ -230,6 +288,13 @@ void print_table(const std::vector<json>& described) {
     std::printf("\n");
   }
   std::printf("\nFLOPs = %s\n", described[0]["flops"]["formula"].get<std::string>().c_str());
+  for (const json& d : described) {
+    if (!d.contains("checkpoint") || d["checkpoint"].is_null()) continue;
+    const json& c = d["checkpoint"];
+    for (const char* key : {"misshapen", "wrong_dtype", "missing", "unexpected"}) {
+      for (const auto& entry : c[key]) std::printf("%s: %s\n", c["path"].get<std::string>().c_str(), entry.get<std::string>().c_str());
+    }
+  }
 }
 
 }  // namespace
@@ -247,7 +312,7 @@ void register_inspect(CLI::App& app) {
   };
   auto opts = std::make_shared<Options>();
   cmd->add_option("paths", opts->paths,
-                  "config.json files or model folders holding one; two or more are shown side by side")
+                  "config.json files or model folders holding one (a folder's weights are checked against the config); two or more are shown side by side")
       ->required();
   cmd->add_option("--set", opts->sets,
                   "override a config field before inspecting, KEY=VALUE (VALUE as JSON, else a string; "
@@ -261,7 +326,17 @@ void register_inspect(CLI::App& app) {
     for (const auto& path : opts->paths) {
       arch::ModelSpec spec = arch::load_model_spec(path, opts->sets);
       int64_t seq = opts->seq > 0 ? opts->seq : arch::default_flops_seq(spec);
-      described.push_back(arch::describe(spec, arch::account(spec, seq)));
+      json d = arch::describe(spec, arch::account(spec, seq));
+      // A model folder with weights: what is stored against what the config predicts.
+      if (std::filesystem::is_directory(path) && io::HfWeights::find_in_dir(path)) {
+        d["checkpoint"] = describe_checkpoint(io::HfWeights::open_dir(path), spec);
+      }
+      described.push_back(std::move(d));
+    }
+    // Side by side, every column carries the same rows.
+    const bool any_checkpoint = std::any_of(described.begin(), described.end(), [](const json& d) { return d.contains("checkpoint"); });
+    for (json& d : described) {
+      if (any_checkpoint && !d.contains("checkpoint")) d["checkpoint"] = nullptr;
     }
     if (opts->json) {
       json out = described.size() == 1 ? described[0] : json(described);

@@ -66,10 +66,14 @@ void read_run_section(TomlSection run, RunConfig& c) {
   run.finish();
 }
 
-// [model]: the HF config.json to train (required) and its overrides.
+// [model]: the HF config.json to train and its overrides; or a published HF model folder to start
+// from (init_from), whose config.json is the default config.
 void read_model_section(TomlSection model, RunConfig& c) {
   c.model_config = model.string_or("config", "");
-  if (c.model_config.empty()) model.fail("config", "is required: the HF config.json of the model to train");
+  c.init_from = model.string_or("init_from", "");
+  if (c.model_config.empty() && c.init_from.empty()) {
+    model.fail("config", "is required: the HF config.json of the model to train (or model.init_from, an HF model folder)");
+  }
   c.model_set = model.strings("set");
   model.finish();
 }
@@ -276,7 +280,9 @@ std::string to_toml(const RunConfig& c) {
                                   {"precision", std::string(kernels::precision_name(c.precision))}});
   toml::array sets;
   for (const auto& s : c.model_set) sets.push_back(s);
-  root.insert("model", toml::table{{"config", c.model_config}, {"set", sets}});
+  toml::table model{{"config", c.model_config}, {"set", sets}};
+  if (!c.init_from.empty()) model.insert("init_from", c.init_from);
+  root.insert("model", std::move(model));
   root.insert("data", toml::table{{"dataset", c.dataset}, {"tokenizer", c.tokenizer}});
   root.insert("batch", toml::table{{"sequences", c.sequences}, {"seq_len", c.seq_len}, {"grad_accum", c.grad_accum},
                                     {"ramp_start_sequences", c.ramp.start_sequences},

@@ -20,7 +20,11 @@ struct RunConfig {
   // Matmul precision: fp32, or bf16 mixed precision with fp32 master weights (docs/precision.md)
   kernels::Precision precision = kernels::Precision::Fp32;
   // [model]
-  std::string model_config;               // HF config.json (may carry a "keel" object)
+  std::string model_config;               // HF config.json (may carry a "keel" object); default: init_from's
+  // A Hugging Face model folder (config.json, model.safetensors or shards, any float dtype) whose
+  // weights replace the random initialization at step 0; fp32 master weights from then on.
+  // Read only by a fresh start: a resumed run continues from its own checkpoint.
+  std::string init_from;
   std::vector<std::string> model_set;     // overrides applied to it, "key=value"
   // [data]
   std::string dataset;                    // folder written by `keel data prepare`

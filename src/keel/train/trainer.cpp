@@ -43,10 +43,12 @@ arch::ModelSpec run_spec(const RunConfig& c, const std::string& run_dir, const j
   return spec;
 }
 
-std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, const RunConfig& c) {
+std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, const RunConfig& c, bool resuming) {
   auto model = std::make_unique<nn::TransformerModel>(spec);
   model->set_precision(c.precision);  // bf16: mixed precision over fp32 master weights
   model->initialize(c.seed);
+  // A resumed run's weights come from its checkpoint; the folder it started from may be gone.
+  if (!resuming && !c.init_from.empty()) io::load_weights(io::HfWeights::open_dir(c.init_from), *model);
   return model;
 }
 
@@ -106,7 +108,7 @@ ConfiguredRun::ConfiguredRun(const RunConfig& c, const std::string& run_dir, con
       resuming_(resuming),
       config_hash_(config_hash(model_config)),
       spec_(run_spec(c, run_dir, model_config)),
-      model_(make_model(spec_, c)),
+      model_(make_model(spec_, c, resuming)),
       optimizer_(make_optimizer(c, *model_)),
       train_set_(open_train_set(c, spec_)),
       val_set_(data::TokenDataset::open(c.dataset, "val")),
@@ -179,9 +181,14 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
 }
 
 json load_model_config(const RunConfig& c) {
-  arch::LoadedConfig cfg = arch::read_config_file(c.model_config);
+  arch::LoadedConfig cfg = arch::read_config_file(c.model_config.empty() ? c.init_from : c.model_config);
   arch::apply_overrides(cfg.json, c.model_set, cfg.path);
-  arch::spec_from_config(cfg.json, cfg.path);  // validate now, naming the original file
+  const arch::ModelSpec spec = arch::spec_from_config(cfg.json, cfg.path);  // validate now, naming the original file
+  if (!c.init_from.empty()) {
+    // Every tensor named, shaped and typed as the config predicts, before the run folder exists.
+    const io::HfWeights weights = io::HfWeights::open_dir(c.init_from);
+    io::match_weights(weights, spec).throw_if_bad(weights);
+  }
   return cfg.json;
 }
 
