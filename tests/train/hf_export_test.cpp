@@ -13,6 +13,7 @@
 
 #include "keel/arch/config_file.hpp"
 #include "keel/arch/hf_tensors.hpp"
+#include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
 #include "keel/core/files.hpp"
 #include "keel/data/tokenizer.hpp"
@@ -233,13 +234,108 @@ TEST_F(HfExport, RefusesVariantsTheFamilyCannotExpressNamingTheField) {
   EXPECT_EQ(field_of_refusal("final_cap", "qwen3.json", {"keel.final_softcap=30"}), "keel.final_softcap");
   EXPECT_EQ(field_of_refusal("embed_scale", "qwen3.json", {"keel.embed_scale=sqrt_hidden"}), "keel.embed_scale");
   EXPECT_EQ(field_of_refusal("partial", "qwen3.json", {"partial_rotary_factor=0.5"}), "partial_rotary_factor");
-  EXPECT_EQ(field_of_refusal("gpt2", "gpt2.json", {}), "model_type");
+  EXPECT_EQ(field_of_refusal("gpt2_rms", "gpt2.json", {"keel.norm=rmsnorm"}), "keel.norm");
+  EXPECT_EQ(field_of_refusal("gpt2_cap", "gpt2.json", {"keel.final_softcap=30"}), "keel.final_softcap");
+  EXPECT_EQ(field_of_refusal("mla_no_latent", "deepseek_v3.json", {"keel.mla_latent_norms=false"}),
+            "keel.mla_latent_norms");
+  EXPECT_EQ(field_of_refusal("moe_freq", "deepseek_v3.json", {"moe_layer_freq=2", "first_k_dense_replace=0"}),
+            "moe_layer_freq");
+  EXPECT_EQ(field_of_refusal("mixtral_bias", "mixtral.json", {"keel.qkv_bias=true"}), "keel.qkv_bias");
+  EXPECT_EQ(field_of_refusal("mistral_qknorm", "mistral.json", {"keel.qk_norm=true"}), "keel.qk_norm");
+  EXPECT_EQ(field_of_refusal("moe_qkvo", "qwen3_moe.json", {"keel.qkv_bias=true"}), "keel.qkv_bias");
+  EXPECT_EQ(field_of_refusal("glm_cap", "glm4_moe.json", {"keel.attn_softcap=20"}), "keel.attn_softcap");
   EXPECT_EQ(field_of_refusal("olmo2_pre", "olmo2.json", {"keel.norm_placement=pre"}), "keel.norm_placement");
   EXPECT_EQ(field_of_refusal("gemma2_scale", "gemma2.json", {"keel.embed_scale=1"}), "keel.embed_scale");
   EXPECT_EQ(field_of_refusal("gemma2_pre", "gemma2.json", {"keel.norm_placement=pre"}), "keel.norm_placement");
   EXPECT_EQ(field_of_refusal("olmo2_per_head", "olmo2.json", {"keel.qk_norm=per_head"}), "keel.qk_norm");
   EXPECT_EQ(field_of_refusal("olmo2_head_dim", "olmo2.json", {"head_dim=8"}), "head_dim");
   EXPECT_EQ(field_of_refusal("qwen3_full_width", "qwen3.json", {"keel.qk_norm=full_width"}), "keel.qk_norm");
+}
+
+// Every family keel trains: export (fp32, bf16, sharded) and import give back the weights bit
+// for bit (bf16: the bf16-rounded weights) and the same loss; the config reads back as the same
+// model (write_hf_folder checks that field by field, and so does the reload here).
+TEST_F(HfExport, EveryFamilyRoundTripsInFp32Bf16AndShards) {
+  std::vector<std::string> configs;
+  for (const auto& e : fs::directory_iterator(std::string(KEEL_SOURCE_DIR) + "/configs/tiny")) {
+    configs.push_back(e.path().filename().string());
+  }
+  std::sort(configs.begin(), configs.end());
+  ASSERT_GE(configs.size(), 15u);
+  std::set<arch::Family> families;
+  const std::vector<int32_t> tokens = {3, 200, 17, 269, 42, 5, 0, 99, 1};
+  const std::vector<int32_t> targets = {200, 17, 269, 42, 5, 0, 99, 1, 7};
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  for (const std::string& config : configs) {
+    SCOPED_TRACE(config);
+    Run run = make_run("rt_" + config, config.c_str(), {});
+    const arch::ModelSpec& spec = run.model->spec();
+    families.insert(spec.family);
+    const nn::ParameterStore& store = run.model->parameters();
+    const auto loss = run.model->forward_loss(tokens.data(), targets.data(), 1, T);
+
+    // fp32: the same bits, the same loss.
+    const fs::path f32 = dir_ / ("f32_" + config);
+    export_run(run.dir, f32.string());
+    io::LoadedModel back = io::load_model_dir(f32.string());
+    ASSERT_EQ(back.model->parameters().size(), store.size());
+    EXPECT_TRUE(std::equal(store.values().begin(), store.values().end(), back.model->parameters().values().begin()));
+    const auto loss_back = back.model->forward_loss(tokens.data(), targets.data(), 1, T);
+    EXPECT_EQ(loss_back.ce_sum, loss.ce_sum);
+    const json c = json::parse(testing::slurp((f32 / "config.json").string()));
+    EXPECT_EQ(c["torch_dtype"], "float32");
+    EXPECT_FALSE(c.contains("keel"));
+
+    // bf16: every value is the nearest bf16 (ties to even), exactly.
+    const fs::path b16 = dir_ / ("bf16_" + config);
+    export_run(run.dir, b16.string(), {io::DType::BF16, kDefaultMaxShardBytes});
+    EXPECT_EQ(json::parse(testing::slurp((b16 / "config.json").string()))["torch_dtype"], "bfloat16");
+    const io::SafetensorsFile st = io::SafetensorsFile::open((b16 / "model.safetensors").string());
+    for (const auto& t : st.tensors()) EXPECT_EQ(t.dtype, io::DType::BF16) << t.name;
+    io::LoadedModel rounded = io::load_model_dir(b16.string());
+    const auto rv = rounded.model->parameters().values();
+    const auto ov = store.values();
+    size_t wrong = 0;
+    for (size_t i = 0; i < ov.size(); ++i) wrong += rv[i] != bf16_to_float(float_to_bf16(ov[i]));
+    EXPECT_EQ(wrong, 0u);
+
+    // Sharded at a few KB: shards and an index, and the same bits again.
+    const fs::path sharded = dir_ / ("shard_" + config);
+    export_run(run.dir, sharded.string(), {io::DType::F32, 40'000});
+    ASSERT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
+    EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
+    const json index = json::parse(testing::slurp((sharded / "model.safetensors.index.json").string()));
+    std::set<std::string> shard_files;
+    for (const auto& [name, file] : index["weight_map"].items()) shard_files.insert(file.get<std::string>());
+    EXPECT_GE(shard_files.size(), 2u);
+    int64_t total = 0;
+    for (const std::string& f : shard_files) {
+      EXPECT_TRUE(f.starts_with("model-") && f.find("-of-") == 11 && f.ends_with(".safetensors")) << f;
+      const io::SafetensorsFile shard = io::SafetensorsFile::open((sharded / f).string());
+      int64_t bytes = 0;
+      for (const auto& t : shard.tensors()) bytes += t.byte_size();
+      // A shard passes the limit only when it holds a single tensor larger than it.
+      EXPECT_TRUE(bytes <= 40'000 || shard.tensors().size() == 1) << f;
+      total += bytes;
+    }
+    EXPECT_EQ(index["metadata"]["total_size"], total);
+    io::LoadedModel resharded = io::load_model_dir(sharded.string());
+    EXPECT_TRUE(std::equal(store.values().begin(), store.values().end(),
+                           resharded.model->parameters().values().begin()));
+  }
+  EXPECT_EQ(families.size(), 13u) << "a family without a tiny config is not round-tripped";
+}
+
+TEST_F(HfExport, ParsesShardSizesAsTransformersDoes) {
+  EXPECT_EQ(parse_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(parse_shard_size("5GiB"), int64_t{5} << 30);
+  EXPECT_EQ(parse_shard_size("500MB"), 500'000'000);
+  EXPECT_EQ(parse_shard_size("10kb"), 10'000);
+  EXPECT_EQ(parse_shard_size("123456"), 123456);
+  EXPECT_EQ(parse_shard_size("1.5GB"), 1'500'000'000);
+  for (const char* bad : {"", "GB", "-5GB", "5XB", "0", "5 GB", "1e30"}) {
+    EXPECT_THROW(parse_shard_size(bad), Error) << bad;
+  }
 }
 
 TEST_F(HfExport, RefusesRunsWithoutTokenizerOrCheckpointAndOccupiedTargets) {

@@ -83,8 +83,8 @@ constexpr RouterDefaults kGlmRouter{1.0, 1, 1, 1};       // Glm4MoeConfig
 using P = ProjectionLayout;
 // train, generate, export_hf, qk_clip, muon
 constexpr FamilyCapabilities kDenseExportable{true, true, true, true, true};
-constexpr FamilyCapabilities kTrainable{true, true, false, true, true};
-constexpr FamilyCapabilities kGpt2Supports{true, true, false, false, true};  // QK-Clip: fused c_attn
+constexpr FamilyCapabilities kTrainable{true, true, true, true, true};
+constexpr FamilyCapabilities kGpt2Supports{true, true, true, false, true};  // QK-Clip: fused c_attn
 // OLMo 2: a full-width QK-Norm mixes the heads, so QK-Clip's per-head rescaling of W_q/W_k does
 // not scale one head's logits; it is refused rather than silently ineffective.
 constexpr FamilyCapabilities kOlmo2Supports{true, true, true, false, true};

@@ -102,19 +102,28 @@ void register_generate(CLI::App& app) {
 
 void register_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "export", "Write a run's newest checkpoint as a Hugging Face model folder (llama, qwen2, qwen3, olmo2, gemma2, gemma3_text)");
+      "export", "Write a run's newest checkpoint as a Hugging Face model folder (every family keel trains)");
   struct Options {
-    std::string run, out;
+    std::string run, out, dtype = "float32", max_shard_size = "5GB";
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--run", o->run, "run folder (run.toml, config.json, checkpoints/)")->required();
-  cmd->add_option("--out", o->out, "folder to create: config.json, model.safetensors, tokenizer.json, "
-                                   "generation_config.json")
+  cmd->add_option("--out", o->out, "folder to create: config.json, model.safetensors (or shards and "
+                                   "model.safetensors.index.json), tokenizer.json, generation_config.json")
       ->required();
+  cmd->add_option("--dtype", o->dtype, "stored dtype: float32 or bfloat16 (rounded to nearest even); torch_dtype says it")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
+  cmd->add_option("--max-shard-size", o->max_shard_size,
+                  "split the weights into shards of at most this size, with an index (5GB = 5e9 bytes, 5GiB = 5*2^30)")
+      ->capture_default_str();
   cmd->callback([o] {
-    const train::ExportResult r = train::export_run(o->run, o->out);
-    std::printf("wrote %s (%lld parameters, from %s)\n", r.out_dir.c_str(), static_cast<long long>(r.parameters),
-                r.checkpoint_dir.c_str());
+    train::ExportOptions options;
+    options.dtype = o->dtype == "bfloat16" ? io::DType::BF16 : io::DType::F32;
+    options.max_shard_bytes = train::parse_shard_size(o->max_shard_size);
+    const train::ExportResult r = train::export_run(o->run, o->out, options);
+    std::printf("wrote %s (%lld parameters, %s, from %s)\n", r.out_dir.c_str(), static_cast<long long>(r.parameters),
+                o->dtype.c_str(), r.checkpoint_dir.c_str());
   });
 }
 

@@ -1,6 +1,7 @@
 #include "keel/io/hf_checkpoint.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -272,6 +273,46 @@ void load_weights(const HfWeights& weights, nn::TransformerModel& model) {
                     " but config.json says tie_word_embeddings: true, so it would be dropped; set "
                     "tie_word_embeddings to false if the model has its own head");
   }
+}
+
+std::vector<std::string> write_hf_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors,
+                                          int64_t max_shard_bytes) {
+  auto bytes_of = [](const TensorToWrite& t) {
+    int64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    return n;
+  };
+  int64_t total = 0;
+  std::vector<std::vector<TensorToWrite>> shards(1);
+  int64_t in_shard = 0;
+  for (const TensorToWrite& t : tensors) {
+    const int64_t b = bytes_of(t);
+    if (!shards.back().empty() && in_shard + b > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(t);
+    in_shard += b;
+    total += b;
+  }
+  const nlohmann::json metadata{{"format", "pt"}};
+  if (shards.size() == 1) {
+    write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, metadata);
+    return {kWeightsFile};
+  }
+  std::vector<std::string> names;
+  json weight_map = json::object();
+  char name[64];
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    write_safetensors((fs::path(dir) / name).string(), shards[k], metadata);
+    for (const TensorToWrite& t : shards[k]) weight_map[t.name] = name;
+    names.emplace_back(name);
+  }
+  const json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic((fs::path(dir) / kWeightsIndexFile).string(), index.dump(2) + "\n");
+  names.emplace_back(kWeightsIndexFile);
+  return names;
 }
 
 }  // namespace keel::io

@@ -83,4 +83,12 @@ WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec)
 // conversion, else keel::Error: silently dropping a different head would change the model.
 void load_weights(const HfWeights& weights, nn::TransformerModel& model);
 
+// Writes DIR/model.safetensors, or, when the tensors' bytes exceed max_shard_bytes, shards
+// model-00001-of-0000N.safetensors (filled in order, a new one when the next tensor would pass
+// the limit; a tensor larger than the limit gets a shard of its own) and
+// model.safetensors.index.json ({"metadata": {"total_size": bytes}, "weight_map": ...}), as
+// transformers' save_pretrained does. Each file is written atomically; returns the file names.
+std::vector<std::string> write_hf_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors,
+                                          int64_t max_shard_bytes);
+
 }  // namespace keel::io

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -35,49 +36,136 @@ void full_attention_layers(json& c, const arch::ModelSpec& spec) {
   for (int64_t l = 0; l < spec.num_layers; ++l) c["layer_types"].push_back("full_attention");
 }
 
+// What the HF class of a family fixes, and keel can vary ("keel" variants).
+struct FamilyShape {
+  arch::NormKind norm = arch::NormKind::RmsNorm;
+  arch::FfnKind ffn = arch::FfnKind::Gated;
+  bool partial_rotary = false;  // partial_rotary_factor is a config field (GLM-4.5)
+};
+
+FamilyShape family_shape(arch::Family f) {
+  FamilyShape s;
+  if (f == arch::Family::Gpt2) {
+    s.norm = arch::NormKind::LayerNorm;
+    s.ffn = arch::FfnKind::Plain;
+  }
+  s.partial_rotary = f == arch::Family::Glm4Moe;
+  return s;
+}
+
+// The fields that decide what a model computes, compared one by one; the first that differs is
+// named. Training-only fields (z_loss, initializer_range) and MTP modules (never trained here) are
+// not compared.
+std::optional<std::string> first_difference(const arch::ModelSpec& x, const arch::ModelSpec& y) {
+  const auto& a = x.attention;
+  const auto& b = y.attention;
+  const auto& m = x.moe;
+  const auto& n = y.moe;
+  const std::vector<std::pair<const char*, bool>> same = {
+      {"vocab_size", x.vocab_size == y.vocab_size},
+      {"hidden_size", x.hidden_size == y.hidden_size},
+      {"num_hidden_layers", x.num_layers == y.num_layers},
+      {"max_position_embeddings", x.max_position_embeddings == y.max_position_embeddings},
+      {"keel.norm", x.norm == y.norm},
+      {"rms_norm_eps", x.norm_eps == y.norm_eps},
+      {"keel.norm_placement", x.placement == y.placement},
+      {"keel.norm", x.norm_unit_offset == y.norm_unit_offset},
+      {"tie_word_embeddings", x.tie_word_embeddings == y.tie_word_embeddings},
+      {"num_attention_heads", a.kind == b.kind && a.num_heads == b.num_heads},
+      {"num_key_value_heads", a.num_kv_heads == b.num_kv_heads},
+      {"head_dim", a.head_dim == b.head_dim},
+      {"keel.qkv_bias", a.qkv_bias == b.qkv_bias && a.o_bias == b.o_bias},
+      {"keel.qk_norm", a.qk_norm == b.qk_norm && a.qk_norm_full_width == b.qk_norm_full_width},
+      {"rope_theta", a.rope.theta == b.rope.theta && a.rope.local_theta == b.rope.local_theta},
+      {"partial_rotary_factor", a.rope.rotary_dim == b.rope.rotary_dim},
+      {"rope_interleave", a.rope.interleave == b.rope.interleave},
+      {"rope_scaling", a.rope.scaling == b.rope.scaling},
+      {"keel.learned_positions", a.learned_positions == b.learned_positions},
+      {"q_lora_rank", a.q_lora_rank == b.q_lora_rank},
+      {"kv_lora_rank", a.kv_lora_rank == b.kv_lora_rank && a.qk_nope_head_dim == b.qk_nope_head_dim &&
+                           a.qk_rope_head_dim == b.qk_rope_head_dim && a.v_head_dim == b.v_head_dim},
+      {"keel.mla_latent_norms", a.mla_latent_norms == b.mla_latent_norms},
+      {"keel.attn_softcap", a.softcap == b.softcap},
+      {"query_pre_attn_scalar", a.query_pre_attn_scalar == b.query_pre_attn_scalar},
+      {"sliding_window", a.sliding_window == b.sliding_window && x.sliding_layer == y.sliding_layer},
+      {"keel.mlp", x.mlp.kind == y.mlp.kind},
+      {"hidden_act", x.mlp.activation == y.mlp.activation},
+      {"intermediate_size", x.mlp.intermediate_size == y.mlp.intermediate_size},
+      {"mlp_bias", x.mlp.bias == y.mlp.bias},
+      {"num_experts", m.enabled == n.enabled && m.num_experts == n.num_experts && m.router == n.router},
+      {"num_experts_per_tok", m.experts_per_token == n.experts_per_token},
+      {"moe_intermediate_size", m.expert_intermediate_size == n.expert_intermediate_size},
+      {"n_shared_experts", m.num_shared_experts == n.num_shared_experts &&
+                               m.shared_intermediate_size == n.shared_intermediate_size},
+      {"norm_topk_prob", m.norm_topk_prob == n.norm_topk_prob},
+      {"routed_scaling_factor", m.routed_scaling_factor == n.routed_scaling_factor},
+      {"n_group", m.n_group == n.n_group && m.topk_group == n.topk_group},
+      {"moe_layer_freq", m.moe_layer == n.moe_layer},
+      {"keel.final_softcap", x.final_softcap == y.final_softcap},
+      {"keel.embed_scale", x.embed_scale == y.embed_scale},
+  };
+  for (const auto& [field, equal] : same) {
+    if (!equal) return std::string(field);
+  }
+  return std::nullopt;
+}
+
 // Refuses what transformers' class for this family cannot express. Checked from the spec, so a
-// variant reached through any route (keel object, --set) is caught.
+// variant reached through any route (keel object, --set) is caught; the exported config is then
+// read back and must describe the same model field by field (check_round_trip).
 void check_expressible(const arch::ModelSpec& spec) {
   const std::string& src = spec.source;
   const std::string family(arch::to_string(spec.family));
   const auto& a = spec.attention;
-  if (!arch::family_row(spec).supports.export_hf) {
-    std::vector<std::string> names;
-    for (const arch::FamilyRow& row : arch::family_table()) {
-      if (row.supports.export_hf) names.emplace_back(row.model_type);
-    }
-    std::string list;
-    for (size_t i = 0; i < names.size(); ++i) {
-      list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
-    }
-    throw Error(src, "model_type", "export supports " + list + ", not " + spec.model_type);
+  const arch::FamilyRow& row = arch::family_row(spec);
+  const FamilyShape shape = family_shape(spec.family);
+  if (!row.supports.export_hf) {
+    throw Error(src, "model_type", "keel cannot export " + spec.model_type);
   }
-  const arch::NormPlacement own = arch::family_row(spec).placement;
+  const arch::NormPlacement own = row.placement;
   if (spec.placement != own) {
     throw Error(src, "keel.norm_placement",
                 std::string(arch::to_string(spec.placement)) + " norms have no place in " + family +
                     "'s decoder layer (" + std::string(arch::to_string(own)) + " only)");
   }
-  if (a.qk_norm && a.qk_norm_full_width != arch::family_row(spec).qk_norm_full_width) {
+  if (a.qk_norm && a.qk_norm_full_width != row.qk_norm_full_width) {
     throw Error(src, "keel.qk_norm",
                 family + "'s q_norm/k_norm are " + (a.qk_norm_full_width ? "per head" : "full width") + ", not " +
                     (a.qk_norm_full_width ? "full width" : "per head"));
   }
-  if (spec.norm != arch::NormKind::RmsNorm) {
-    throw Error(src, "keel.norm", family + " uses RMSNorm; transformers cannot load LayerNorm weights into it");
+  if (spec.norm != shape.norm) {
+    throw Error(src, "keel.norm", family + " uses " + std::string(arch::to_string(shape.norm)) +
+                                      "; transformers cannot load " + std::string(arch::to_string(spec.norm)) +
+                                      " weights into it");
+  }
+  const bool gemma = row.gemma_fields;
+  if (spec.norm_unit_offset != gemma) {
+    throw Error(src, "keel.norm", family + (gemma ? " computes (1 + w) norms only" : "'s norms multiply by w, not (1 + w)"));
   }
   // Gemma 2 has both soft-caps (any values, or off) and scales its embeddings by √hidden_size.
-  const bool gemma = arch::family_row(spec).gemma_fields;
   if (!gemma && a.softcap > 0) throw Error(src, "keel.attn_softcap", family + " has no attention logit soft-cap");
-  if (spec.mlp.kind != arch::FfnKind::Gated) throw Error(src, "keel.mlp", family + "'s MLP is gated (gate_proj)");
+  if (spec.mlp.kind != shape.ffn) {
+    throw Error(src, "keel.mlp", family + (shape.ffn == arch::FfnKind::Gated ? "'s MLP is gated (gate_proj)"
+                                                                             : "'s MLP is c_fc, activation, c_proj"));
+  }
   if (!gemma && spec.final_softcap > 0) throw Error(src, "keel.final_softcap", family + " has no final logit soft-cap");
   const double own_scale = gemma ? std::sqrt(static_cast<double>(spec.hidden_size)) : 1.0;
   if (spec.embed_scale != own_scale) {
     throw Error(src, "keel.embed_scale",
                 family + (gemma ? " scales its embeddings by sqrt(hidden_size) only" : " does not scale its embeddings"));
   }
-  if (a.rope.rotary_dim != a.head_dim) {
+  if (!a.learned_positions && !shape.partial_rotary && a.rope.rotary_dim != a.qk_head_dim() &&
+      a.kind != arch::AttentionKind::Mla) {
     throw Error(src, "partial_rotary_factor", family + " rotates the whole head (partial_rotary_factor 1)");
+  }
+  if (a.kind == arch::AttentionKind::Mla && !a.mla_latent_norms) {
+    throw Error(src, "keel.mla_latent_norms", family + " always has q_a_layernorm and kv_a_layernorm");
+  }
+  if (a.kind == arch::AttentionKind::Mla && a.qk_norm) {
+    throw Error(src, "keel.qk_norm", family + "'s MLA has no q_norm/k_norm");
+  }
+  if (a.sliding_window > 0 && !gemma) {
+    throw Error(src, "sliding_window", "keel export writes " + family + " with full attention in every layer");
   }
   switch (spec.family) {
     case arch::Family::Llama:
@@ -88,6 +176,11 @@ void check_expressible(const arch::ModelSpec& spec) {
       if (spec.hidden_size % a.num_heads != 0) {
         throw Error(src, "num_attention_heads", "LlamaConfig requires hidden_size divisible by num_attention_heads");
       }
+      break;
+    case arch::Family::Mistral:
+    case arch::Family::Mixtral:
+      if (a.qk_norm) throw Error(src, "keel.qk_norm", family + " has no q_norm/k_norm");
+      if (a.qkv_bias || a.o_bias) throw Error(src, "keel.qkv_bias", family + " has no attention biases");
       break;
     case arch::Family::Qwen2:
       if (a.qk_norm) throw Error(src, "keel.qk_norm", "qwen2 has no q_norm/k_norm");
@@ -100,15 +193,11 @@ void check_expressible(const arch::ModelSpec& spec) {
       }
       break;
     case arch::Family::Qwen3:
-      if (!a.qk_norm) throw Error(src, "keel.qk_norm", "qwen3 always applies q_norm/k_norm");
-      if (a.qkv_bias != a.o_bias) {
-        throw Error(src, "keel.qkv_bias", "qwen3's attention_bias puts biases on q, k, v and o together");
-      }
-      break;
+    case arch::Family::Qwen3Moe:
     case arch::Family::Gemma3Text:
-      if (!a.qk_norm) throw Error(src, "keel.qk_norm", "gemma3_text always applies q_norm/k_norm");
+      if (!a.qk_norm) throw Error(src, "keel.qk_norm", family + " always applies q_norm/k_norm");
       if (a.qkv_bias != a.o_bias) {
-        throw Error(src, "keel.qkv_bias", "gemma3_text's attention_bias puts biases on q, k, v and o together");
+        throw Error(src, "keel.qkv_bias", family + "'s attention_bias puts biases on q, k, v and o together");
       }
       break;
     case arch::Family::Gemma2:
@@ -128,13 +217,44 @@ void check_expressible(const arch::ModelSpec& spec) {
       }
       break;
     case arch::Family::Gpt2:
-    case arch::Family::Mistral:
-    case arch::Family::Qwen3Moe:
-    case arch::Family::Mixtral:
+      if (a.qk_norm) throw Error(src, "keel.qk_norm", "gpt2 has no q_norm/k_norm");
+      if (!a.qkv_bias || !a.o_bias || !spec.mlp.bias) throw Error(src, "keel.qkv_bias", "gpt2's Conv1D layers all have biases");
+      break;
     case arch::Family::DeepseekV3:
     case arch::Family::KimiK2:
+      if (a.qkv_bias != a.o_bias) {
+        throw Error(src, "keel.qkv_bias", family + "'s attention_bias puts biases on q_a, kv_a and o together");
+      }
+      [[fallthrough]];
     case arch::Family::Glm4Moe:
-      break;  // refused above
+      if (spec.family == arch::Family::Glm4Moe && a.o_bias) {
+        throw Error(src, "keel.qkv_bias", "glm4_moe's o_proj has no bias");
+      }
+      // DeepseekV3Config / Glm4MoeConfig: layer l is MoE iff l >= first_k_dense_replace (no
+      // moe_layer_freq in transformers' classes).
+      if (spec.moe.enabled) {
+        for (int64_t l = 0; l < spec.num_layers; ++l) {
+          if (spec.is_moe_layer(l) != (l >= spec.moe.first_k_dense)) {
+            throw Error(src, "moe_layer_freq",
+                        "transformers' " + family + " puts experts on every layer from first_k_dense_replace on");
+          }
+        }
+      }
+      break;
+  }
+}
+
+// The exported config must read back as the model that was trained.
+void check_round_trip(const arch::ModelSpec& spec, const json& config) {
+  arch::ModelSpec back;
+  try {
+    back = arch::spec_from_config(config, spec.source + " (as exported)");
+  } catch (const Error& e) {
+    throw Error(spec.source, e.field(), "the exported config would not read back: " + e.reason());
+  }
+  if (auto field = first_difference(spec, back)) {
+    throw Error(spec.source, *field, "no field of " + config["model_type"].get<std::string>() +
+                                         "'s config can express this value (the exported config would describe another model)");
   }
 }
 
@@ -149,13 +269,34 @@ std::optional<int32_t> bos_id(const data::Tokenizer& tok) {
 
 }  // namespace
 
-json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
-  check_expressible(spec);
-  const auto& a = spec.attention;
-  const arch::FamilyRow& row = arch::family_row(spec.family);
+namespace {
+
+// GPT2Config: its own spelling of the sizes; dropout off (keel trains without it).
+json gpt2_config(const arch::ModelSpec& spec) {
   json c = json::object();
-  c["architectures"] = json::array({std::string(row.hf_architecture)});
-  c["model_type"] = spec.model_type;
+  c["vocab_size"] = spec.vocab_size;
+  c["n_embd"] = spec.hidden_size;
+  c["n_layer"] = spec.num_layers;
+  c["n_head"] = spec.attention.num_heads;
+  c["n_positions"] = spec.max_position_embeddings;
+  c["n_ctx"] = spec.max_position_embeddings;  // older transformers read it
+  c["n_inner"] = spec.mlp.intermediate_size;
+  c["activation_function"] = spec.mlp.hidden_act;
+  c["layer_norm_epsilon"] = spec.norm_eps;
+  c["initializer_range"] = spec.initializer_range;
+  c["resid_pdrop"] = 0.0;
+  c["embd_pdrop"] = 0.0;
+  c["attn_pdrop"] = 0.0;
+  c["scale_attn_weights"] = true;
+  c["scale_attn_by_inverse_layer_idx"] = false;
+  c["reorder_and_upcast_attn"] = false;
+  return c;
+}
+
+// The fields every Llama-style config class shares.
+json decoder_config(const arch::ModelSpec& spec) {
+  const auto& a = spec.attention;
+  json c = json::object();
   c["vocab_size"] = spec.vocab_size;
   c["hidden_size"] = spec.hidden_size;
   c["intermediate_size"] = spec.mlp.intermediate_size;
@@ -169,17 +310,67 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
   c["rms_norm_eps"] = spec.norm_eps;
   c["rope_theta"] = a.rope.theta;
   c["rope_scaling"] = a.rope.scaling.is_null() ? json(nullptr) : a.rope.scaling;
-  c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["attention_dropout"] = 0.0;
+  return c;
+}
+
+// Routed experts the DeepSeek-V3 way (DeepseekV3Config, Glm4MoeConfig). A dense model keeps
+// every layer below first_k_dense_replace, so transformers builds no experts either.
+void sigmoid_router_fields(json& c, const arch::ModelSpec& spec) {
+  const auto& moe = spec.moe;
+  if (!moe.enabled) {  // keel reads a missing n_routed_experts as none
+    c["first_k_dense_replace"] = spec.num_layers;
+    return;
+  }
+  c["n_routed_experts"] = moe.num_experts;
+  c["n_shared_experts"] = moe.num_shared_experts;
+  c["moe_intermediate_size"] = moe.expert_intermediate_size;
+  c["num_experts_per_tok"] = moe.experts_per_token;
+  c["routed_scaling_factor"] = moe.routed_scaling_factor;
+  c["n_group"] = moe.n_group;
+  c["topk_group"] = moe.topk_group;
+  c["first_k_dense_replace"] = moe.first_k_dense;
+  c["norm_topk_prob"] = moe.norm_topk_prob;
+  c["topk_method"] = "noaux_tc";  // sigmoid scores, e_score_correction_bias for selection
+  c["scoring_func"] = "sigmoid";
+}
+
+}  // namespace
+
+json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids, io::DType dtype) {
+  check_expressible(spec);
+  const auto& a = spec.attention;
+  const arch::FamilyRow& row = arch::family_row(spec.family);
+  // Kimi K2 is DeepSeek-V3's architecture; its published folder loads it through remote code, so
+  // the export names transformers' own class, which computes the same model.
+  const std::string model_type = spec.family == arch::Family::KimiK2 ? "deepseek_v3" : spec.model_type;
+  json c = json::object();
+  c["architectures"] = json::array({std::string(row.hf_architecture)});
+  c["model_type"] = model_type;
+  c.update(spec.family == arch::Family::Gpt2 ? gpt2_config(spec) : decoder_config(spec));
+  c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["bos_token_id"] = id_or_null(ids.bos);
   c["eos_token_id"] = id_or_null(ids.eos);
-  c["torch_dtype"] = "float32";
+  c["torch_dtype"] = dtype == io::DType::BF16 ? "bfloat16" : "float32";
   c["use_cache"] = true;
   switch (spec.family) {
+    case arch::Family::Gpt2:
+      break;
     case arch::Family::Llama:
       c["attention_bias"] = a.qkv_bias;
       c["mlp_bias"] = spec.mlp.bias;
       c["pretraining_tp"] = 1;
+      break;
+    case arch::Family::Mistral:
+      c["sliding_window"] = nullptr;  // MistralConfig's default is a 4096 window; keel trains full attention
+      break;
+    case arch::Family::Mixtral:
+      c["sliding_window"] = nullptr;
+      c["num_local_experts"] = spec.moe.num_experts;
+      c["num_experts_per_tok"] = spec.moe.experts_per_token;
+      c["router_jitter_noise"] = 0.0;
+      c["output_router_logits"] = false;
+      c["router_aux_loss_coef"] = 0.001;
       break;
     case arch::Family::Qwen3:
       c["attention_bias"] = a.qkv_bias;  // Qwen3Config has the switch; Qwen2's q/k/v biases are fixed
@@ -187,6 +378,49 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
       break;
     case arch::Family::Qwen2:
       full_attention_layers(c, spec);
+      break;
+    case arch::Family::Qwen3Moe: {
+      c["attention_bias"] = a.qkv_bias;
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+      c["max_window_layers"] = spec.num_layers;
+      // Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers, every decoder_sparse_step-th layer.
+      c["num_experts"] = spec.moe.enabled ? spec.moe.num_experts : 0;
+      c["decoder_sparse_step"] = 1;
+      json dense = json::array();
+      for (int64_t l = 0; l < spec.num_layers; ++l) {
+        if (spec.moe.enabled && !spec.is_moe_layer(l)) dense.push_back(l);
+      }
+      c["mlp_only_layers"] = dense;
+      if (spec.moe.enabled) {
+        c["moe_intermediate_size"] = spec.moe.expert_intermediate_size;
+        c["num_experts_per_tok"] = spec.moe.experts_per_token;
+        c["norm_topk_prob"] = spec.moe.norm_topk_prob;
+      }
+      c["output_router_logits"] = false;
+      c["router_aux_loss_coef"] = 0.001;
+      break;
+    }
+    case arch::Family::DeepseekV3:
+    case arch::Family::KimiK2:
+      c.erase("head_dim");  // DeepseekV3Config sets head_dim = qk_rope_head_dim for its rotary tables
+      c["num_key_value_heads"] = a.num_heads;
+      c["attention_bias"] = a.qkv_bias;
+      c["q_lora_rank"] = a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr);
+      c["kv_lora_rank"] = a.kv_lora_rank;
+      c["qk_nope_head_dim"] = a.qk_nope_head_dim;
+      c["qk_rope_head_dim"] = a.qk_rope_head_dim;
+      c["v_head_dim"] = a.v_head_dim;
+      c["rope_interleave"] = a.rope.interleave;
+      c["num_nextn_predict_layers"] = 0;  // keel does not train MTP modules; none are written
+      sigmoid_router_fields(c, spec);
+      break;
+    case arch::Family::Glm4Moe:
+      c["attention_bias"] = a.qkv_bias;  // q, k, v only: Glm4Moe's o_proj has none
+      c["partial_rotary_factor"] = a.rope.partial_rotary_factor;
+      c["use_qk_norm"] = a.qk_norm;
+      c["num_nextn_predict_layers"] = 0;
+      sigmoid_router_fields(c, spec);
       break;
     case arch::Family::Olmo2:
       c["attention_bias"] = a.qkv_bias;
@@ -210,15 +444,8 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids) {
       if (spec.family == arch::Family::Gemma3Text) c["rope_local_base_freq"] = a.rope.local_theta;
       break;
     }
-    case arch::Family::Gpt2:
-    case arch::Family::Mistral:
-    case arch::Family::Qwen3Moe:
-    case arch::Family::Mixtral:
-    case arch::Family::DeepseekV3:
-    case arch::Family::KimiK2:
-    case arch::Family::Glm4Moe:
-      break;  // check_expressible refused them
   }
+  check_round_trip(spec, c);
   return c;
 }
 
@@ -227,7 +454,71 @@ json hf_generation_config(const SpecialTokenIds& ids) {
               {"eos_token_id", id_or_null(ids.eos)}};
 }
 
-ExportResult export_run(const std::string& run_dir, const std::string& out_dir) {
+int64_t parse_shard_size(const std::string& text) {
+  // transformers' convention: "5GB" = 5·10⁹ bytes, "5GiB" = 5·2³⁰; a bare number is bytes.
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  const std::string number = text.substr(0, digits);
+  std::string unit = text.substr(digits);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"KIB", 1024.0}, {"MIB", 1024.0 * 1024}, {"GIB", 1024.0 * 1024 * 1024}, {"TIB", 1024.0 * 1024 * 1024 * 1024}};
+  double value = 0;
+  try {
+    size_t used = 0;
+    value = number.empty() ? -1 : std::stod(number, &used);
+    if (used != number.size()) value = -1;
+  } catch (const std::exception&) {
+    value = -1;
+  }
+  for (const auto& [name, scale] : units) {
+    if (unit == name && value > 0 && value * scale >= 1 && value * scale < 9e18) {
+      return static_cast<int64_t>(value * scale);
+    }
+  }
+  throw Error("keel export", "--max-shard-size",
+              "'" + text + "' is not a size (a positive number of bytes, or with KB, MB, GB, KiB, MiB, GiB)");
+}
+
+void write_hf_folder(const nn::TransformerModel& model, const SpecialTokenIds& ids, const std::string& tokenizer_path,
+                     const std::string& out_dir, const ExportOptions& options) {
+  const json config = hf_export_config(model.spec(), ids, options.dtype);  // refuses before anything is written
+  if (options.dtype != io::DType::F32 && options.dtype != io::DType::BF16) {
+    throw Error("keel export", "--dtype", "float32 or bfloat16");
+  }
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {
+    throw Error(out_dir, "", "already exists and is not an empty folder");
+  }
+  const fs::path target = fs::path(out_dir).lexically_normal();
+  const fs::path staging = target.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec) throw Error(staging.string(), "", "cannot create the folder: " + ec.message());
+  try {
+    const nn::ParameterStore& store = model.parameters();
+    std::vector<io::TensorToWrite> tensors;
+    for (const nn::ParamInfo& p : store.entries()) {
+      tensors.push_back({p.name, options.dtype, p.shape, store.values().data() + p.offset});
+    }
+    io::write_hf_weights(staging.string(), tensors, options.max_shard_bytes);
+    write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
+    write_file_atomic((staging / "generation_config.json").string(), hf_generation_config(ids).dump(2) + "\n");
+    if (!tokenizer_path.empty()) {
+      write_file_atomic((staging / "tokenizer.json").string(), read_file(tokenizer_path, "the tokenizer"));
+    }
+    // rename(2) replaces an empty directory atomically.
+    fs::rename(staging, target, ec);
+    if (ec) throw Error(out_dir, "", "cannot move the finished export into place: " + ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
+  }
+}
+
+ExportResult export_run(const std::string& run_dir, const std::string& out_dir, const ExportOptions& options) {
   if (!fs::exists(fs::path(run_dir) / kRunConfigFile)) {
     throw Error(run_dir, "", "not a run folder (no run.toml)");
   }
@@ -245,35 +536,7 @@ ExportResult export_run(const std::string& run_dir, const std::string& out_dir) 
                     std::to_string(model.spec().vocab_size));
   }
   const SpecialTokenIds ids{bos_id(tokenizer), tokenizer.eos_id()};
-  const json config = hf_export_config(model.spec(), ids);  // refuses before anything is written
-
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {
-    throw Error(out_dir, "", "already exists and is not an empty folder");
-  }
-  const fs::path target = fs::path(out_dir).lexically_normal();
-  const fs::path staging = target.string() + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(staging, ec);
-  fs::create_directories(staging, ec);
-  if (ec) throw Error(staging.string(), "", "cannot create the folder: " + ec.message());
-  try {
-    const nn::ParameterStore& store = model.parameters();
-    std::vector<io::TensorToWrite> tensors;
-    for (const nn::ParamInfo& p : store.entries()) {
-      tensors.push_back({p.name, io::DType::F32, p.shape, store.values().data() + p.offset});
-    }
-    io::write_safetensors((staging / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
-    write_file_atomic((staging / "generation_config.json").string(), hf_generation_config(ids).dump(2) + "\n");
-    write_file_atomic((staging / "tokenizer.json").string(), read_file(source.tokenizer_path, "the tokenizer"));
-    // rename(2) replaces an empty directory atomically.
-    fs::rename(staging, target, ec);
-    if (ec) throw Error(out_dir, "", "cannot move the finished export into place: " + ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(staging, ignored);
-    throw;
-  }
+  write_hf_folder(model, ids, source.tokenizer_path, out_dir, options);
   return {out_dir, source.checkpoint_dir, model.parameters().size()};
 }
 
