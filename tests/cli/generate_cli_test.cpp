@@ -122,6 +122,88 @@ TEST_F(GenerateCli, ExportedRunGeneratesLikeTheRun) {
   EXPECT_NE(again.err.find("keel: error:"), std::string::npos);
 }
 
+// The published-folder path end to end through the CLI: a bf16 export in shards is inspected
+// (every stored tensor as the config predicts), evaluated, differentiated and sampled from, and
+// a chat model's list of eos ids in generation_config.json stops generation.
+TEST_F(GenerateCli, ShardedBf16ExportIsInspectedEvaluatedAndSampled) {
+  const fs::path run = dir_ / "run";
+  const fs::path ckpt = run / train::kCheckpointsDir / train::checkpoint_dir_name(10);
+  fs::create_directories(ckpt);
+  write_file_atomic((run / train::kRunConfigFile).string(),
+                    "[data]\ntokenizer = \"" + (dir_ / "model" / "tokenizer.json").string() + "\"\n");
+  write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
+  fs::copy_file(dir_ / "model" / "model.safetensors", ckpt / "model.safetensors");
+  write_file_atomic((ckpt / train::kCommitMarker).string(), "");
+  const fs::path hf = dir_ / "hf16";
+  CommandResult e = run_keel("export --run " + run.string() + " --out " + hf.string() +
+                             " --dtype bfloat16 --max-shard-size 50KB");
+  ASSERT_EQ(e.status, 0) << e.err;
+  ASSERT_TRUE(fs::exists(hf / "model.safetensors.index.json"));
+  EXPECT_EQ(json::parse(slurp((hf / "config.json").string()))["torch_dtype"], "bfloat16");
+
+  CommandResult inspect = run_keel("inspect " + hf.string() + " --json");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  const json c = json::parse(inspect.out)["checkpoint"];
+  EXPECT_TRUE(c["matches"].get<bool>()) << c.dump();
+  EXPECT_GE(c["files"].size(), 2u);
+  EXPECT_EQ(c["stored_parameters"], model_->parameters().size());
+  EXPECT_EQ(c["predicted_parameters"], json::parse(inspect.out)["params"]["total"]);
+  EXPECT_EQ(c["dtypes"].size(), 1u);
+  EXPECT_TRUE(c["dtypes"].contains("BF16"));
+  EXPECT_EQ(c["bytes"], 2 * model_->parameters().size());
+  CommandResult table = run_keel("inspect " + hf.string());
+  EXPECT_NE(table.out.find("every tensor as the config predicts"), std::string::npos) << table.out;
+
+  // An index that leaves out a tensor its shard holds: one line naming shard and tensor.
+  const fs::path broken = dir_ / "broken";
+  fs::copy(hf, broken);
+  json index = json::parse(slurp((broken / "model.safetensors.index.json").string()));
+  index["weight_map"].erase("model.norm.weight");
+  write_file_atomic((broken / "model.safetensors.index.json").string(), index.dump());
+  CommandResult bad = run_keel("eval --model " + broken.string() + " --tokens /dev/null");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("field 'model.norm.weight': is stored in this shard but the index does not list it"),
+            std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+
+  // eval and grad read the folder; the bf16 weights give a loss near the fp32 model's.
+  write_file_atomic((dir_ / "tokens.txt").string(), "3 200 17 269 42 5 0 99\n12 13 14 15 16 17\n");
+  CommandResult ev16 = run_keel("eval --model " + hf.string() + " --tokens " + (dir_ / "tokens.txt").string() + " --json");
+  CommandResult ev32 = run_keel("eval --model " + (dir_ / "model").string() + " --tokens " + (dir_ / "tokens.txt").string() + " --json");
+  ASSERT_EQ(ev16.status, 0) << ev16.err;
+  ASSERT_EQ(ev32.status, 0) << ev32.err;
+  const double l16 = json::parse(ev16.out)["loss"], l32 = json::parse(ev32.out)["loss"];
+  EXPECT_NE(l16, l32);  // the weights were rounded
+  EXPECT_NEAR(l16, l32, 0.05);
+  CommandResult grad = run_keel("grad --model " + hf.string() + " --tokens " + (dir_ / "tokens.txt").string() +
+                                " --out " + (dir_ / "grad.safetensors").string());
+  ASSERT_EQ(grad.status, 0) << grad.err;
+  EXPECT_TRUE(fs::exists(dir_ / "grad.safetensors"));
+
+  // generation_config.json's eos list: greedy generation stops at the first id of the list
+  // that it emits, where it ran on without it.
+  const std::string args = " --prompt 'the cat' --max-new-tokens 8 --json";
+  CommandResult free_run = run_keel("generate --model " + hf.string() + args);
+  ASSERT_EQ(free_run.status, 0) << free_run.err;
+  const auto ids = json::parse(free_run.out)["ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), 3u);
+  json gen = json::parse(slurp((hf / "generation_config.json").string()));
+  gen["eos_token_id"] = json::array({gen["eos_token_id"], ids[2]});
+  write_file_atomic((hf / "generation_config.json").string(), gen.dump());
+  CommandResult stopped = run_keel("generate --model " + hf.string() + args);
+  ASSERT_EQ(stopped.status, 0) << stopped.err;
+  const json js = json::parse(stopped.out);
+  EXPECT_EQ(js["stop"], "eos");
+  const auto stopped_ids = js["ids"].get<std::vector<int32_t>>();
+  EXPECT_LE(stopped_ids.size(), 3u);
+  EXPECT_EQ(stopped_ids.back(), ids[2]);
+  gen["eos_token_id"] = "end";
+  write_file_atomic((hf / "generation_config.json").string(), gen.dump());
+  CommandResult malformed = run_keel("generate --model " + hf.string() + args);
+  EXPECT_EQ(malformed.status, 2);
+  EXPECT_NE(malformed.err.find("generation_config.json"), std::string::npos) << malformed.err;
+}
+
 TEST_F(GenerateCli, BadSettingsAreOneLineErrors) {
   const std::string base = "generate --model " + (dir_ / "model").string() + " --prompt hi";
   CommandResult r = run_keel(base + " --top-p 0");

@@ -471,6 +471,61 @@ TEST_F(Trainer, RealFullDiskWhileCheckpointingKeepsEarlierCheckpointsAndNamesThe
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << "step " << i + 1;
 }
 
+// model.init_from: a published HF folder (here bf16, sharded) replaces the random init at step 0;
+// the run keeps fp32 master weights, a folder that does not fit the config is refused before the
+// run folder exists, and a resumed run no longer needs the folder.
+TEST_F(Trainer, StartsFromAnHfFolderAndResumesWithoutIt) {
+  const std::string sets =
+      "--set vocab_size=64 --set hidden_size=32 --set intermediate_size=64 --set head_dim=8";
+  const fs::path hf = dir_ / "hf";
+  auto r = testing::run_keel("init --config " + testing::source_path("configs/tiny/qwen3.json") + " " + sets +
+                             " --seed 77 --bf16 --out " + hf.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const io::SafetensorsFile published = io::SafetensorsFile::open((hf / "model.safetensors").string());
+
+  // lr 0: AdamW and its decoupled decay leave every weight where it started.
+  const fs::path run = dir_ / "from_hf";
+  r = testing::run_keel(run_cmd(run.string(), "--set model.init_from=" + hf.string() +
+                                                  " --set model.config= --set optimizer.lr=0 --set run.steps=10"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(testing::slurp((run / "run.toml").string()).find("init_from"), std::string::npos);
+  const auto ckpts = complete_checkpoints(run.string());
+  ASSERT_FALSE(ckpts.empty());
+  const io::SafetensorsFile trained = io::SafetensorsFile::open((fs::path(ckpts.back()) / "model.safetensors").string());
+  int64_t compared = 0;
+  for (const auto& t : published.tensors()) {
+    EXPECT_EQ(trained.find(t.name)->dtype, io::DType::F32) << t.name;  // fp32 master weights
+    EXPECT_EQ(trained.read_f32(t.name), published.read_f32(t.name)) << t.name;
+    compared += t.numel();
+  }
+  EXPECT_GT(compared, 10000);
+  // The same run without init_from starts elsewhere (the comparison above can fail).
+  const fs::path scratch = dir_ / "scratch";
+  r = testing::run_keel(run_cmd(scratch.string(), "--set optimizer.lr=0 --set run.steps=10"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const io::SafetensorsFile random_init =
+      io::SafetensorsFile::open((fs::path(complete_checkpoints(scratch.string()).back()) / "model.safetensors").string());
+  EXPECT_NE(random_init.read_f32("model.embed_tokens.weight"), published.read_f32("model.embed_tokens.weight"));
+
+  // A folder of another width: one line naming the tensor, exit 2, no run folder.
+  const fs::path wide = dir_ / "hf_wide";
+  r = testing::run_keel("init --config " + testing::source_path("configs/tiny/qwen3.json") + " " + sets +
+                        " --set hidden_size=48 --seed 1 --out " + wide.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path refused = dir_ / "refused";
+  r = testing::run_keel(run_cmd(refused.string(), "--set model.init_from=" + wide.string()));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("model.embed_tokens.weight"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does not match the config"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(refused));
+
+  // Resuming reads the run's own checkpoint: the published folder may be gone.
+  fs::remove_all(hf);
+  r = testing::run_keel("train --resume " + run.string() + " --set run.steps=12");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(metrics(run).size(), 12u);
+}
+
 TEST_F(Trainer, CorruptedShardIsRefusedBeforeTheRunFolderIsTouched) {
   // One token changed to another valid id: only the shard's data checksum can see it.
   const fs::path shard = dir_ / "data" / "train_00000.bin";
