@@ -17,7 +17,7 @@ fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${KEEL_FUZZ_BUILD_DIR:-$root/build/fuzz}"
 artifacts="${KEEL_FUZZ_ARTIFACTS:-$build_dir/artifacts}"
-targets=(config_fuzz safetensors_fuzz shard_fuzz tokenizer_fuzz run_config_fuzz metrics_fuzz)
+targets=(config_fuzz safetensors_fuzz shard_fuzz tokenizer_fuzz run_config_fuzz metrics_fuzz weights_index_fuzz)
 
 cd "$root"
 cmake --preset fuzz -B "$build_dir" >/dev/null

@@ -191,6 +191,63 @@ TEST(ConfigErrors, Gemma3ReadsItsTextConfigWithGemma3TextConfigDefaults) {
   EXPECT_EQ(e.field(), "text_config.layer_types");
 }
 
+// transformers 5 saves RoPE as rope_parameters (one object, or one per layer type); it reads as
+// the 4.x top-level fields would, and the two spellings disagreeing is one error.
+TEST(ConfigErrors, RopeParametersOfTransformers5ReadLikeTheTopLevelFields) {
+  auto v4 = qwen3();
+  v4["rope_theta"] = 1e6;
+  v4["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  auto v5 = qwen3();
+  v5["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e6}};
+  const ModelSpec a = spec_from_config(v4, "v4.json"), b = spec_from_config(v5, "v5.json");
+  EXPECT_EQ(b.attention.rope.theta, 1e6);
+  EXPECT_EQ(b.attention.rope.scaling, a.attention.rope.scaling);
+  // The default type carries only the base.
+  auto plain = qwen3();
+  plain["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
+  const ModelSpec p = spec_from_config(plain, "plain.json");
+  EXPECT_EQ(p.attention.rope.theta, 5e5);
+  EXPECT_TRUE(p.attention.rope.scaling.is_null());
+  // GLM's partial rotary factor sits inside too.
+  auto glm = qwen3();
+  glm["model_type"] = "glm4_moe";
+  glm["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}};
+  EXPECT_EQ(spec_from_config(glm, "glm.json").attention.rope.rotary_dim, 4);
+  // Gemma 3: one object per layer type; the sliding layers' base is rope_local_base_freq.
+  nlohmann::json g3 = nlohmann::json::parse(R"({
+    "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 6, "vocab_size": 256,
+    "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})");
+  const ModelSpec g = spec_from_config(g3, "g3.json");
+  EXPECT_EQ(g.attention.rope.theta, 1e6);
+  EXPECT_EQ(g.attention.rope.local_theta, 1e4);
+  EXPECT_EQ(g.attention.rope.scaling["factor"], 8.0);
+  // Two spellings that disagree.
+  auto both = v5;
+  both["rope_theta"] = 1e4;
+  Error e = spec_error(both);
+  EXPECT_EQ(e.field(), "rope_parameters.rope_theta");
+  auto bad = qwen3();
+  bad["rope_parameters"] = "yarn";
+  EXPECT_EQ(spec_error(bad).field(), "rope_parameters");
+}
+
+// GPT-2's attention switches keel does not implement are refused rather than ignored.
+TEST(ConfigErrors, Gpt2AttentionSwitchesKeelLacksAreRefused) {
+  const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 64}, {"n_layer", 2}, {"n_head", 4}, {"vocab_size", 256}};
+  for (const char* field : {"scale_attn_by_inverse_layer_idx", "add_cross_attention"}) {
+    auto c = gpt2;
+    c[field] = true;
+    EXPECT_EQ(spec_error(c).field(), field);
+    c[field] = false;
+    EXPECT_NO_THROW(spec_from_config(c, "ok.json"));
+  }
+  auto c = gpt2;
+  c["scale_attn_weights"] = false;
+  EXPECT_EQ(spec_error(c).field(), "scale_attn_weights");
+}
+
 TEST(ConfigErrors, UnknownModelTypeListsSupported) {
   auto c = qwen3();
   c["model_type"] = "bert";

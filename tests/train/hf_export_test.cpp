@@ -290,13 +290,16 @@ TEST_F(HfExport, EveryFamilyRoundTripsInFp32Bf16AndShards) {
     const fs::path b16 = dir_ / ("bf16_" + config);
     export_run(run.dir, b16.string(), {io::DType::BF16, kDefaultMaxShardBytes});
     EXPECT_EQ(json::parse(testing::slurp((b16 / "config.json").string()))["torch_dtype"], "bfloat16");
+    // (Buffers, the routers' e_score_correction_bias, stay F32 and exact.)
     const io::SafetensorsFile st = io::SafetensorsFile::open((b16 / "model.safetensors").string());
-    for (const auto& t : st.tensors()) EXPECT_EQ(t.dtype, io::DType::BF16) << t.name;
     io::LoadedModel rounded = io::load_model_dir(b16.string());
-    const auto rv = rounded.model->parameters().values();
-    const auto ov = store.values();
     size_t wrong = 0;
-    for (size_t i = 0; i < ov.size(); ++i) wrong += rv[i] != bf16_to_float(float_to_bf16(ov[i]));
+    for (const nn::ParamInfo& p : store.entries()) {
+      EXPECT_EQ(st.find(p.name)->dtype, p.buffer ? io::DType::F32 : io::DType::BF16) << p.name;
+      const float* o = store.values().data() + p.offset;
+      const float* r = rounded.model->parameters().values().data() + p.offset;
+      for (int64_t i = 0; i < p.numel; ++i) wrong += r[i] != (p.buffer ? o[i] : bf16_to_float(float_to_bf16(o[i])));
+    }
     EXPECT_EQ(wrong, 0u);
 
     // Sharded at a few KB: shards and an index, and the same bits again.
@@ -330,7 +333,9 @@ TEST_F(HfExport, ParsesShardSizesAsTransformersDoes) {
   EXPECT_EQ(parse_shard_size("5GB"), 5'000'000'000);
   EXPECT_EQ(parse_shard_size("5GiB"), int64_t{5} << 30);
   EXPECT_EQ(parse_shard_size("500MB"), 500'000'000);
-  EXPECT_EQ(parse_shard_size("10kb"), 10'000);
+  EXPECT_EQ(parse_shard_size("10KB"), 10'000);
+  EXPECT_EQ(parse_shard_size("10kB"), 10'000);
+  EXPECT_EQ(parse_shard_size("80Mb"), 10'000'000);  // a lower-case b counts bits, as in transformers
   EXPECT_EQ(parse_shard_size("123456"), 123456);
   EXPECT_EQ(parse_shard_size("1.5GB"), 1'500'000'000);
   for (const char* bad : {"", "GB", "-5GB", "5XB", "0", "5 GB", "1e30"}) {

@@ -51,8 +51,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                     {"o_bias", a.o_bias},
                     {"softcap", a.softcap > 0 ? json(a.softcap) : json(nullptr)},
                     {"query_pre_attn_scalar", a.query_pre_attn_scalar > 0 ? json(a.query_pre_attn_scalar) : json(nullptr)},
-                    {"softmax_scale", a.kind == AttentionKind::Mla ? 1.0 / std::sqrt(static_cast<double>(a.qk_head_dim()))
-                                                                   : a.softmax_scale()}};
+                    {"softmax_scale", attention_softmax_scale(spec)}};
   json sliding = json::array();
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     if (spec.is_sliding_layer(l)) sliding.push_back(l);

@@ -295,6 +295,18 @@ ModelSpec spec_from_gpt2(const ConfigReader& r, const FamilyRow& row) {
   a.learned_positions = true;
   a.rope.rotary_dim = 0;
   a.rope.partial_rotary_factor = 0.0;
+  // GPT2Attention's switches keel does not implement are refused, not ignored: each changes the
+  // logits (modeling_gpt2.py: divide by sqrt(head_dim) only if scale_attn_weights, and by
+  // layer_idx + 1 if scale_attn_by_inverse_layer_idx).
+  if (!r.optional_bool("scale_attn_weights", true)) {
+    r.fail("scale_attn_weights", "false (unscaled attention logits) is not supported; keel divides by sqrt(head_dim)");
+  }
+  if (r.optional_bool("scale_attn_by_inverse_layer_idx", false)) {
+    r.fail("scale_attn_by_inverse_layer_idx", "true is not supported (keel does not scale logits by 1 / (layer + 1))");
+  }
+  if (r.optional_bool("add_cross_attention", false)) {
+    r.fail("add_cross_attention", "true is not supported: keel builds decoder-only models");
+  }
   auto act = r.optional_string("activation_function", "gelu_new");
   spec.mlp.kind = FfnKind::Plain;
   spec.mlp.hidden_act = act;
@@ -473,6 +485,78 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
 
 }  // namespace
 
+// transformers 5 writes RoPE as one `rope_parameters` object ({"rope_type", "rope_theta", "factor",
+// ..., "partial_rotary_factor"}), or one per layer type for models with local layers (Gemma 3:
+// {"full_attention": {...}, "sliding_attention": {...}}), instead of the top-level rope_theta,
+// rope_scaling, partial_rotary_factor and rope_local_base_freq of 4.x. Rewritten here into the
+// 4.x fields, so a config saved by either reads the same; the two spellings disagreeing is an error.
+nlohmann::json with_rope_parameters_spelled_out(nlohmann::json body, const std::string& source,
+                                                const std::string& prefix) {
+  const auto it = body.find("rope_parameters");
+  if (it == body.end() || it->is_null()) return body;
+  const std::string field = prefix + "rope_parameters";
+  if (!it->is_object()) throw Error(source, field, "expected an object or null");
+  const nlohmann::json params = *it;
+  auto set = [&](const std::string& key, const nlohmann::json& value, const std::string& from) {
+    const auto old = body.find(key);
+    if (old != body.end() && !old->is_null() && *old != value) {
+      throw Error(source, prefix + from,
+                  value.dump() + " disagrees with " + prefix + key + " " + old->dump() + " in the same config");
+    }
+    body[key] = value;
+  };
+  // One object per layer type, or one for all layers.
+  const bool per_type = params.contains("full_attention") || params.contains("sliding_attention");
+  const nlohmann::json global = per_type ? params.value("full_attention", nlohmann::json::object()) : params;
+  const std::string global_field = per_type ? field + ".full_attention" : field;
+  if (!global.is_object()) throw Error(source, global_field, "expected an object");
+  if (global.contains("rope_theta")) set("rope_theta", global["rope_theta"], global_field.substr(prefix.size()) + ".rope_theta");
+  if (global.contains("partial_rotary_factor")) {
+    set("partial_rotary_factor", global["partial_rotary_factor"], global_field.substr(prefix.size()) + ".partial_rotary_factor");
+  }
+  const std::string type = global.contains("rope_type") && global["rope_type"].is_string()
+                               ? global["rope_type"].get<std::string>()
+                               : "default";
+  const auto old_scaling = body.find("rope_scaling");
+  if (type != "default" && (old_scaling == body.end() || old_scaling->is_null())) {
+    nlohmann::json scaling = global;
+    scaling.erase("rope_theta");
+    scaling.erase("partial_rotary_factor");
+    body["rope_scaling"] = scaling;
+  }
+  if (per_type && params.contains("sliding_attention")) {
+    const nlohmann::json& local = params["sliding_attention"];
+    if (!local.is_object()) throw Error(source, field + ".sliding_attention", "expected an object");
+    if (local.contains("rope_type") && local["rope_type"] != "default") {
+      throw Error(source, field + ".sliding_attention.rope_type", "keel rotates sliding-window layers without scaling");
+    }
+    if (local.contains("rope_theta")) {
+      set("rope_local_base_freq", local["rope_theta"], "rope_parameters.sliding_attention.rope_theta");
+    }
+  }
+  body.erase("rope_parameters");
+  return body;
+}
+
+double attention_softmax_scale(const ModelSpec& spec) {
+  const auto& a = spec.attention;
+  if (a.kind != AttentionKind::Mla) return a.softmax_scale();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(a.qk_nope_head_dim + a.qk_rope_head_dim));
+  // scaling *= mscale² whenever rope_scaling sets mscale_all_dim (YaRN context extension,
+  // "sqrt(t) = 0.1 ln s + 1"). Absent or 0: no change, which is the 4K pretraining setting.
+  const auto& sc = a.rope.scaling;
+  if (!sc.is_object() || !sc.contains("mscale_all_dim") || sc["mscale_all_dim"].is_null()) return scale;
+  if (!sc["mscale_all_dim"].is_number()) throw Error(spec.source, "rope_scaling.mscale_all_dim", "must be a number");
+  const double m = sc["mscale_all_dim"].get<double>();
+  if (m == 0.0) return scale;
+  if (!sc.contains("factor") || !sc["factor"].is_number()) {
+    throw Error(spec.source, "rope_scaling.factor", "is required when mscale_all_dim is set");
+  }
+  const double factor = sc["factor"].get<double>();
+  const double mscale = factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;  // YaRN's get_mscale
+  return scale * mscale * mscale;
+}
+
 ModelSpec spec_from_config(const nlohmann::json& config, const std::string& source) {
   if (!config.is_object()) {
     throw Error(source, "", std::string("expected a JSON object at the top level, got ") +
@@ -505,6 +589,7 @@ ModelSpec spec_from_config(const nlohmann::json& config, const std::string& sour
     for (const auto& name : supported_model_types()) list += (list.empty() ? "" : ", ") + name;
     top.fail("model_type", "unsupported model_type '" + model_type + "'; supported: " + list);
   }
+  body = with_rope_parameters_spelled_out(std::move(body), source, prefix);
   if (row->family == Family::Gemma3Text) body = with_gemma3_defaults(std::move(body));
   ConfigReader r(body, source, prefix);
   ModelSpec spec = row->gpt2_fields ? spec_from_gpt2(r, *row) : spec_from_decoder(r, *row);

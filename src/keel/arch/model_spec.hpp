@@ -152,6 +152,11 @@ inline constexpr int64_t kMaxLayers = 4096;
 inline constexpr int64_t kMaxExperts = 1 << 16;
 inline constexpr int64_t kMaxPositions = int64_t{1} << 30;
 
+// The factor attention logits are multiplied by: AttentionSpec::softmax_scale(), and for MLA
+// (qk_nope + qk_rope)^-1/2 times YaRN's mscale² when rope_scaling sets mscale_all_dim (HF
+// DeepseekV3Attention; DeepSeek-V3 §4.3). keel::Error for a malformed rope_scaling.
+double attention_softmax_scale(const ModelSpec& spec);
+
 // Builds the typed description; throws keel::Error(source, field, reason) on bad input.
 ModelSpec spec_from_config(const nlohmann::json& config, const std::string& source);
 

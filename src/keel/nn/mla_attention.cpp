@@ -20,22 +20,7 @@ const float* opt(const ParameterStore& s, ParamRef r) { return r.valid() ? s.dat
 float* opt_grad(ParameterStore& s, ParamRef r) { return r.valid() ? s.grad(r) : nullptr; }
 }  // namespace
 
-double mla_softmax_scale(const arch::ModelSpec& spec) {
-  const auto& a = spec.attention;
-  double scale = 1.0 / std::sqrt(static_cast<double>(a.qk_nope_head_dim + a.qk_rope_head_dim));
-  // HF DeepseekV3Attention: scaling *= mscale² whenever rope_scaling sets mscale_all_dim (YaRN
-  // context extension; DeepSeek-V3 §4.3, "sqrt(t) = 0.1 ln s + 1"). Absent or 0: no change, which
-  // is the 4K pretraining setting.
-  const auto& sc = a.rope.scaling;
-  if (!sc.is_object() || !sc.contains("mscale_all_dim") || sc["mscale_all_dim"].is_null()) return scale;
-  if (!sc["mscale_all_dim"].is_number()) throw Error(spec.source, "rope_scaling.mscale_all_dim", "must be a number");
-  const double m = sc["mscale_all_dim"].get<double>();
-  if (m == 0.0) return scale;
-  if (!sc.contains("factor") || !sc["factor"].is_number())
-    throw Error(spec.source, "rope_scaling.factor", "is required when mscale_all_dim is set");
-  const double mscale = kernels::yarn_mscale(sc["factor"].get<double>(), m);
-  return scale * mscale * mscale;
-}
+double mla_softmax_scale(const arch::ModelSpec& spec) { return arch::attention_softmax_scale(spec); }
 
 MlaAttention::MlaAttention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
                            const kernels::RopeTable* rope)

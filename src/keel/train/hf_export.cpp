@@ -113,6 +113,8 @@ std::optional<std::string> first_difference(const arch::ModelSpec& x, const arch
 // Refuses what transformers' class for this family cannot express. Checked from the spec, so a
 // variant reached through any route (keel object, --set) is caught; the exported config is then
 // read back and must describe the same model field by field (check_round_trip).
+void check_family_biases_and_norms(const arch::ModelSpec& spec);
+
 void check_expressible(const arch::ModelSpec& spec) {
   const std::string& src = spec.source;
   const std::string family(arch::to_string(spec.family));
@@ -167,6 +169,14 @@ void check_expressible(const arch::ModelSpec& spec) {
   if (a.sliding_window > 0 && !gemma) {
     throw Error(src, "sliding_window", "keel export writes " + family + " with full attention in every layer");
   }
+  check_family_biases_and_norms(spec);
+}
+
+// The per-family rules: which biases and QK-Norm the class holds, and its shape constraints.
+void check_family_biases_and_norms(const arch::ModelSpec& spec) {
+  const std::string& src = spec.source;
+  const std::string family(arch::to_string(spec.family));
+  const auto& a = spec.attention;
   switch (spec.family) {
     case arch::Family::Llama:
       if (a.qk_norm) throw Error(src, "keel.qk_norm", "llama has no q_norm/k_norm");
@@ -335,24 +345,38 @@ void sigmoid_router_fields(json& c, const arch::ModelSpec& spec) {
   c["scoring_func"] = "sigmoid";
 }
 
-}  // namespace
-
-json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids, io::DType dtype) {
-  check_expressible(spec);
+void add_gemma_fields(json& c, const arch::ModelSpec& spec) {
   const auto& a = spec.attention;
-  const arch::FamilyRow& row = arch::family_row(spec.family);
-  // Kimi K2 is DeepSeek-V3's architecture; its published folder loads it through remote code, so
-  // the export names transformers' own class, which computes the same model.
-  const std::string model_type = spec.family == arch::Family::KimiK2 ? "deepseek_v3" : spec.model_type;
-  json c = json::object();
-  c["architectures"] = json::array({std::string(row.hf_architecture)});
-  c["model_type"] = model_type;
-  c.update(spec.family == arch::Family::Gpt2 ? gpt2_config(spec) : decoder_config(spec));
-  c["tie_word_embeddings"] = spec.tie_word_embeddings;
-  c["bos_token_id"] = id_or_null(ids.bos);
-  c["eos_token_id"] = id_or_null(ids.eos);
-  c["torch_dtype"] = dtype == io::DType::BF16 ? "bfloat16" : "float32";
-  c["use_cache"] = true;
+  // Gemma2Config / Gemma3TextConfig: the MLP reads hidden_activation; null soft-caps and
+  // window switch them off; Gemma 3's local layers rotate with rope_local_base_freq.
+  c["attention_bias"] = a.qkv_bias;
+  c["hidden_activation"] = spec.mlp.hidden_act;
+  c["query_pre_attn_scalar"] = a.query_pre_attn_scalar;
+  c["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
+  c["final_logit_softcapping"] = spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr);
+  c["sliding_window"] = a.sliding_window > 0 ? json(a.sliding_window) : json(nullptr);
+  c["layer_types"] = json::array();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
+  }
+  c["cache_implementation"] = "hybrid";
+  if (spec.family == arch::Family::Gemma3Text) {
+    c["rope_local_base_freq"] = a.rope.local_theta;
+    // Versions of Gemma3TextConfig without layer_types read the period instead (default 6).
+    for (int64_t period = 1; period <= spec.num_layers; ++period) {
+      bool fits = true;
+      for (int64_t l = 0; l < spec.num_layers; ++l) fits = fits && spec.is_sliding_layer(l) == ((l + 1) % period != 0);
+      if (fits) {
+        c["sliding_window_pattern"] = period;
+        break;
+      }
+    }
+  }
+}
+
+// The fields of the family's own config class, beyond the shared ones.
+void add_family_fields(json& c, const arch::ModelSpec& spec) {
+  const auto& a = spec.attention;
   switch (spec.family) {
     case arch::Family::Gpt2:
       break;
@@ -427,24 +451,30 @@ json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids, i
       c.erase("head_dim");  // Olmo2Config derives it; checked equal above
       break;
     case arch::Family::Gemma2:
-    case arch::Family::Gemma3Text: {
-      // Gemma2Config / Gemma3TextConfig: the MLP reads hidden_activation; null soft-caps and
-      // window switch them off; Gemma 3's local layers rotate with rope_local_base_freq.
-      c["attention_bias"] = a.qkv_bias;
-      c["hidden_activation"] = spec.mlp.hidden_act;
-      c["query_pre_attn_scalar"] = a.query_pre_attn_scalar;
-      c["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
-      c["final_logit_softcapping"] = spec.final_softcap > 0 ? json(spec.final_softcap) : json(nullptr);
-      c["sliding_window"] = a.sliding_window > 0 ? json(a.sliding_window) : json(nullptr);
-      c["layer_types"] = json::array();
-      for (int64_t l = 0; l < spec.num_layers; ++l) {
-        c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
-      }
-      c["cache_implementation"] = "hybrid";
-      if (spec.family == arch::Family::Gemma3Text) c["rope_local_base_freq"] = a.rope.local_theta;
+    case arch::Family::Gemma3Text:
+      add_gemma_fields(c, spec);
       break;
-    }
   }
+}
+
+}  // namespace
+
+json hf_export_config(const arch::ModelSpec& spec, const SpecialTokenIds& ids, io::DType dtype) {
+  check_expressible(spec);
+  const arch::FamilyRow& row = arch::family_row(spec.family);
+  // Kimi K2 is DeepSeek-V3's architecture; its published folder loads it through remote code, so
+  // the export names transformers' own class, which computes the same model.
+  const std::string model_type = spec.family == arch::Family::KimiK2 ? "deepseek_v3" : spec.model_type;
+  json c = json::object();
+  c["architectures"] = json::array({std::string(row.hf_architecture)});
+  c["model_type"] = model_type;
+  c.update(spec.family == arch::Family::Gpt2 ? gpt2_config(spec) : decoder_config(spec));
+  c["tie_word_embeddings"] = spec.tie_word_embeddings;
+  c["bos_token_id"] = id_or_null(ids.bos);
+  c["eos_token_id"] = id_or_null(ids.eos);
+  c["torch_dtype"] = dtype == io::DType::BF16 ? "bfloat16" : "float32";
+  c["use_cache"] = true;
+  add_family_fields(c, spec);
   check_round_trip(spec, c);
   return c;
 }
@@ -455,27 +485,29 @@ json hf_generation_config(const SpecialTokenIds& ids) {
 }
 
 int64_t parse_shard_size(const std::string& text) {
-  // transformers' convention: "5GB" = 5·10⁹ bytes, "5GiB" = 5·2³⁰; a bare number is bytes.
+  // transformers' convert_file_size_to_int: "5GB" = 5·10⁹ bytes, "5GiB" = 5·2³⁰, a unit ending in
+  // a lower-case "b" ("5Gb", "500mb") counts bits, a bare number is bytes.
   size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
   const std::string number = text.substr(0, digits);
-  std::string unit = text.substr(digits);
+  const std::string unit_text = text.substr(digits);
+  std::string unit = unit_text;
   for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
       {"KIB", 1024.0}, {"MIB", 1024.0 * 1024}, {"GIB", 1024.0 * 1024 * 1024}, {"TIB", 1024.0 * 1024 * 1024 * 1024}};
-  double value = 0;
+  double value = -1;
   try {
     size_t used = 0;
-    value = number.empty() ? -1 : std::stod(number, &used);
+    if (!number.empty()) value = std::stod(number, &used);
     if (used != number.size()) value = -1;
   } catch (const std::exception&) {
     value = -1;
   }
+  const bool bits = unit.size() == 2 && unit_text.back() == 'b';
   for (const auto& [name, scale] : units) {
-    if (unit == name && value > 0 && value * scale >= 1 && value * scale < 9e18) {
-      return static_cast<int64_t>(value * scale);
-    }
+    const double bytes = value * scale / (bits ? 8.0 : 1.0);
+    if (unit == name && value > 0 && bytes >= 1 && bytes < 9e18) return static_cast<int64_t>(bytes);
   }
   throw Error("keel export", "--max-shard-size",
               "'" + text + "' is not a size (a positive number of bytes, or with KB, MB, GB, KiB, MiB, GiB)");
@@ -500,7 +532,10 @@ void write_hf_folder(const nn::TransformerModel& model, const SpecialTokenIds& i
     const nn::ParameterStore& store = model.parameters();
     std::vector<io::TensorToWrite> tensors;
     for (const nn::ParamInfo& p : store.entries()) {
-      tensors.push_back({p.name, options.dtype, p.shape, store.values().data() + p.offset});
+      // Buffers (the router's e_score_correction_bias) stay fp32: transformers keeps them so, and
+      // they are small offsets between scores that bf16 would round away.
+      const io::DType dtype = p.buffer ? io::DType::F32 : options.dtype;
+      tensors.push_back({p.name, dtype, p.shape, store.values().data() + p.offset});
     }
     io::write_hf_weights(staging.string(), tensors, options.max_shard_bytes);
     write_file_atomic((staging / "config.json").string(), config.dump(2) + "\n");
