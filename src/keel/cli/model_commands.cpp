@@ -20,6 +20,7 @@
 #include "keel/optim/adamw.hpp"
 #include "keel/optim/grad_clip.hpp"
 #include "keel/optim/muon.hpp"
+#include "keel/train/model_source.hpp"
 #include "keel/train/run_config.hpp"
 #include "keel/train/step_loop.hpp"
 #include "keel/train/trainer.hpp"
@@ -87,12 +88,12 @@ void register_eval(CLI::App& app) {
     bool json = false;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors)")->required();
+  cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors or shards) or run folder (its newest checkpoint)")->required();
   add_precision_option(cmd, o->precision);
   cmd->add_option("--tokens", o->tokens, "text file: one sequence per line, whitespace-separated token ids")->required();
   cmd->add_flag("--json", o->json, "print {\"loss\": L, \"tokens\": N}");
   cmd->callback([o] {
-    io::LoadedModel m = io::load_model_dir(o->model);
+    io::LoadedModel m = train::load_model_source(train::resolve_model_source(o->model));
     m.model->set_precision(*kernels::parse_precision(o->precision));
     auto lines = read_tokens_for(*m.model, o->tokens);
     double ce = 0;
@@ -138,12 +139,12 @@ void register_grad(CLI::App& app) {
     std::string model, tokens, out, precision = "fp32";
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--model", o->model, "model directory")->required();
+  cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors or shards) or run folder (its newest checkpoint)")->required();
   add_precision_option(cmd, o->precision);
   cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
   cmd->add_option("--out", o->out, "safetensors file to write, tensors under the weights' names")->required();
   cmd->callback([o] {
-    io::LoadedModel m = io::load_model_dir(o->model);
+    io::LoadedModel m = train::load_model_source(train::resolve_model_source(o->model));
     m.model->set_precision(*kernels::parse_precision(o->precision));
     auto lines = read_tokens_for(*m.model, o->tokens);
     if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
