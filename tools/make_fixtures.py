@@ -87,6 +87,21 @@ FIXTURES = {
                    "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-05,
                    "rope_theta": 10000.0, "tie_word_embeddings": False, "initializer_range": 0.02},
     },
+    # MistralConfig.sliding_window on every layer: a window of 4 inside 9 tokens.
+    "mistral_window": {
+        "config": {"model_type": "mistral", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 80,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-05, "sliding_window": 4,
+                   "rope_theta": 10000.0, "tie_word_embeddings": False, "initializer_range": 0.02},
+    },
+    # Qwen2's use_sliding_window: the window (3) only from max_window_layers (1) on.
+    "qwen2_window": {
+        "config": {"model_type": "qwen2", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 96,
+                   "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06,
+                   "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1,
+                   "rope_theta": 1000000.0, "tie_word_embeddings": True, "initializer_range": 0.02},
+    },
     "qwen2": {
         # q/k/v biases (always), no o_proj bias, tied embeddings, MHA.
         "config": {"model_type": "qwen2", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 96,

@@ -145,6 +145,7 @@ def resolve(cfg):
     )
     if mt in ("gemma2", "gemma3_text"):
         _resolve_gemma(cfg, s, mt)
+    _resolve_decoder_window(cfg, s, mt)
     # Glm4MoeRotaryEmbedding: only the first head_dim * partial_rotary_factor dims rotate.
     prf = float(cfg.get("partial_rotary_factor", 0.5 if mt == "glm4_moe" else 1.0))
     s["rotary_dim"] = int(head_dim * prf)
@@ -179,6 +180,23 @@ def _resolve_gemma(cfg, s, mt):
     s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if gemma3:
         s["local_rope"] = {"theta": float(cfg.get("rope_local_base_freq", 10000.0)), "scaling": None}
+
+
+def _resolve_decoder_window(cfg, s, mt):
+    """Sliding windows outside Gemma. MistralAttention / MixtralAttention pass
+    sliding_window=config.sliding_window to every layer (MistralConfig default 4096, Mixtral None).
+    Qwen2Config / Qwen3Config / Qwen3MoeConfig: sliding_window is None unless use_sliding_window,
+    and layer_types[i] = "sliding_attention" if i >= max_window_layers (default 28)."""
+    L = s["layers"]
+    if mt in ("mistral", "mixtral"):
+        w = cfg.get("sliding_window", 4096 if mt == "mistral" else None) or 0
+        s["sliding_window"], s["sliding_layers"] = w, list(range(L)) if w else []
+    elif mt in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window", False):
+        w = cfg.get("sliding_window", 4096) or 0
+        first = cfg.get("max_window_layers", 28)
+        types = cfg.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(L)]
+        s["sliding_window"] = w
+        s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"] if w else []
 
 
 def _embed_scale(keel, hidden):

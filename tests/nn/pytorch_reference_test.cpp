@@ -9,6 +9,8 @@
 #include <filesystem>
 
 #include "keel/arch/config_file.hpp"
+#include "keel/io/hf_checkpoint.hpp"
+#include "keel/io/model_dir.hpp"
 #include "keel/io/safetensors.hpp"
 #include "keel/nn/model.hpp"
 #include "keel/optim/adamw.hpp"
@@ -116,6 +118,32 @@ TEST_P(PytorchReference, LogitsLossGradientsMaxLogits) {
   auto max_logit = ref_->read_f32("max_logit");
   ASSERT_EQ(max_logit.size(), model_->max_logits().size());
   EXPECT_CLOSE("max_logit", model_->max_logits().data(), max_logit);
+}
+
+// The import path on the reference's own weights: the fixture's parameters (written by the
+// PyTorch reference under HF's names) as a sharded fp32 HF folder, loaded
+// through io::load_model_dir, give the reference's logits. A name or layout keel spelled
+// differently from HF's modeling code would fail here for that family.
+TEST_P(PytorchReference, ImportedAsAnHfFolderGivesTheReferenceLogits) {
+  const fs::path folder = fs::path(::testing::TempDir()) / ("keel_import_" + std::to_string(::getpid()) + "_" + GetParam());
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  fs::copy_file(dir_ / "config.json", folder / "config.json");
+  std::vector<std::vector<float>> values;
+  std::vector<io::TensorToWrite> tensors;
+  for (const auto& t : ref_->tensors()) {
+    if (!t.name.starts_with("param.")) continue;
+    values.push_back(ref_->read_f32(t.name));
+    tensors.push_back({t.name.substr(6), io::DType::F32, t.shape, values.back().data()});
+  }
+  ASSERT_FALSE(tensors.empty());
+  io::write_hf_weights(folder.string(), tensors, 20'000);  // several shards and an index
+  ASSERT_TRUE(fs::exists(folder / io::kWeightsIndexFile));
+  io::LoadedModel loaded = io::load_model_dir(folder.string());
+  std::vector<float> logits(static_cast<size_t>(batch_ * seq_ * spec_.vocab_size));
+  loaded.model->forward_logits(tokens_.data(), batch_, seq_, logits.data());
+  EXPECT_CLOSE("logits", logits.data(), ref_->read_f32("logits"));
+  fs::remove_all(folder);
 }
 
 TEST_P(PytorchReference, ThreeAdamWSteps) {

@@ -329,6 +329,40 @@ TEST_F(HfExport, EveryFamilyRoundTripsInFp32Bf16AndShards) {
   EXPECT_EQ(families.size(), 13u) << "a family without a tiny config is not round-tripped";
 }
 
+// Sliding windows of Mistral and the Qwen families go out in their classes' own fields and come
+// back as the same layers.
+TEST_F(HfExport, SlidingWindowsOfMistralAndQwenAreWrittenInTheirOwnFields) {
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+  };
+  for (const Case& k : {Case{"mistral.json", {"sliding_window=16"}},
+                        Case{"mixtral.json", {"sliding_window=16"}},
+                        Case{"qwen2.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=1"}},
+                        Case{"qwen3.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=0"}},
+                        Case{"qwen3_moe.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=1"}}}) {
+    SCOPED_TRACE(k.config);
+    Run run = make_run(std::string("w_") + k.config, k.config, k.sets);
+    const arch::ModelSpec& spec = run.model->spec();
+    ASSERT_GT(spec.attention.sliding_window, 0);
+    const fs::path out = dir_ / (std::string("w_hf_") + k.config);
+    export_run(run.dir, out.string());
+    const json c = json::parse(testing::slurp((out / "config.json").string()));
+    EXPECT_EQ(c["sliding_window"], spec.attention.sliding_window);
+    const arch::ModelSpec back = arch::spec_from_config(c, "back");
+    EXPECT_EQ(back.sliding_layer, spec.sliding_layer);
+    EXPECT_EQ(back.attention.sliding_window, spec.attention.sliding_window);
+    if (spec.family != arch::Family::Mistral && spec.family != arch::Family::Mixtral) {
+      EXPECT_EQ(c["use_sliding_window"], true);
+    }
+  }
+  // Mistral without a stated window: MistralConfig's 4096 (every layer), and an explicit null is none.
+  Run plain = make_run("w_default", "mistral.json", {});
+  EXPECT_EQ(plain.model->spec().attention.sliding_window, 4096);
+  Run none = make_run("w_none", "mistral.json", {"sliding_window=null"});
+  EXPECT_FALSE(none.model->spec().is_sliding_layer(0));
+}
+
 TEST_F(HfExport, ParsesShardSizesAsTransformersDoes) {
   EXPECT_EQ(parse_shard_size("5GB"), 5'000'000'000);
   EXPECT_EQ(parse_shard_size("5GiB"), int64_t{5} << 30);

@@ -378,6 +378,42 @@ void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
   if (gemma3) a.rope.local_theta = r.optional_number("rope_local_base_freq", 10000.0, 0.0, 1e15, true);
 }
 
+// Sliding windows of the Llama-style families that have them (Gemma's are parse_gemma_fields'):
+// MistralAttention uses config.sliding_window on every layer (MistralConfig default 4096; null is
+// full attention); Mixtral the same with a default of none; Qwen2/Qwen3/Qwen3-MoE only when
+// use_sliding_window is true, on the layers from max_window_layers on (default 28) unless
+// layer_types lists them (Qwen2Config: sliding_window is forced to None otherwise).
+void parse_decoder_window(const ConfigReader& r, ModelSpec& spec) {
+  auto& a = spec.attention;
+  auto window = [&](int64_t fallback) {
+    if (r.object().contains("sliding_window") && r.object().at("sliding_window").is_null()) return int64_t{0};
+    return r.optional_int("sliding_window", fallback, 1, kMaxPositions);
+  };
+  switch (spec.family) {
+    case Family::Mistral:
+    case Family::Mixtral:
+      a.sliding_window = window(spec.family == Family::Mistral ? 4096 : 0);
+      std::fill(spec.sliding_layer.begin(), spec.sliding_layer.end(), a.sliding_window > 0);
+      return;
+    case Family::Qwen2:
+    case Family::Qwen3:
+    case Family::Qwen3Moe: {
+      if (!r.optional_bool("use_sliding_window", false)) return;
+      a.sliding_window = window(4096);
+      if (a.sliding_window == 0) return;
+      if (r.has("layer_types")) {
+        parse_layer_types(r, spec, 1);
+        return;
+      }
+      const int64_t first = r.optional_int("max_window_layers", 28, 0, kMaxLayers);
+      for (int64_t l = 0; l < spec.num_layers; ++l) spec.sliding_layer[static_cast<size_t>(l)] = l >= first;
+      return;
+    }
+    default:
+      return;
+  }
+}
+
 // Gemma3TextConfig's defaults, which real configs rely on (gemma-3-4b's text_config sets only
 // five fields): filled in where the config is silent, as transformers does.
 nlohmann::json with_gemma3_defaults(nlohmann::json c) {
@@ -480,6 +516,7 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   spec.sliding_layer.assign(static_cast<size_t>(spec.num_layers), false);
   spec.family = row.family;
   if (row.gemma_fields) parse_gemma_fields(r, spec);
+  parse_decoder_window(r, spec);
   return spec;
 }
 

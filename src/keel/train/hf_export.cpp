@@ -26,14 +26,20 @@ namespace {
 
 json id_or_null(const std::optional<int32_t>& id) { return id ? json(*id) : json(nullptr); }
 
-// Qwen2/Qwen3 config fields for full attention in every layer: sliding_window stays null while
-// use_sliding_window is off.
-void full_attention_layers(json& c, const arch::ModelSpec& spec) {
-  c["use_sliding_window"] = false;
-  c["sliding_window"] = nullptr;
-  c["max_window_layers"] = spec.num_layers;
+// Qwen2/Qwen3/Qwen3-MoE window fields: use_sliding_window switches the window on for the layers
+// from max_window_layers on; without a window, sliding_window stays null and every layer is full.
+// Qwen2Config and Qwen3Config also list the layers (layer_types).
+void qwen_window_fields(json& c, const arch::ModelSpec& spec, bool layer_types) {
+  int64_t first_sliding = spec.num_layers;
+  for (int64_t l = spec.num_layers - 1; l >= 0 && spec.is_sliding_layer(l); --l) first_sliding = l;
+  c["use_sliding_window"] = first_sliding < spec.num_layers;
+  c["sliding_window"] = first_sliding < spec.num_layers ? json(spec.attention.sliding_window) : json(nullptr);
+  c["max_window_layers"] = first_sliding;
+  if (!layer_types) return;
   c["layer_types"] = json::array();
-  for (int64_t l = 0; l < spec.num_layers; ++l) c["layer_types"].push_back("full_attention");
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
+  }
 }
 
 // What the HF class of a family fixes, and keel can vary ("keel" variants).
@@ -166,8 +172,11 @@ void check_expressible(const arch::ModelSpec& spec) {
   if (a.kind == arch::AttentionKind::Mla && a.qk_norm) {
     throw Error(src, "keel.qk_norm", family + "'s MLA has no q_norm/k_norm");
   }
-  if (a.sliding_window > 0 && !gemma) {
-    throw Error(src, "sliding_window", "keel export writes " + family + " with full attention in every layer");
+  const bool windowed_family = gemma || spec.family == arch::Family::Mistral || spec.family == arch::Family::Mixtral ||
+                               spec.family == arch::Family::Qwen2 || spec.family == arch::Family::Qwen3 ||
+                               spec.family == arch::Family::Qwen3Moe;
+  if (a.sliding_window > 0 && !windowed_family) {
+    throw Error(src, "sliding_window", family + "'s config class has no sliding window");
   }
   check_family_biases_and_norms(spec);
 }
@@ -385,11 +394,10 @@ void add_family_fields(json& c, const arch::ModelSpec& spec) {
       c["mlp_bias"] = spec.mlp.bias;
       c["pretraining_tp"] = 1;
       break;
-    case arch::Family::Mistral:
-      c["sliding_window"] = nullptr;  // MistralConfig's default is a 4096 window; keel trains full attention
-      break;
+    case arch::Family::Mistral:  // every layer or none; MistralConfig's default is a 4096 window, so null is written
     case arch::Family::Mixtral:
-      c["sliding_window"] = nullptr;
+      c["sliding_window"] = a.sliding_window > 0 ? json(a.sliding_window) : json(nullptr);
+      if (spec.family == arch::Family::Mistral) break;
       c["num_local_experts"] = spec.moe.num_experts;
       c["num_experts_per_tok"] = spec.moe.experts_per_token;
       c["router_jitter_noise"] = 0.0;
@@ -398,16 +406,14 @@ void add_family_fields(json& c, const arch::ModelSpec& spec) {
       break;
     case arch::Family::Qwen3:
       c["attention_bias"] = a.qkv_bias;  // Qwen3Config has the switch; Qwen2's q/k/v biases are fixed
-      full_attention_layers(c, spec);
+      qwen_window_fields(c, spec, /*layer_types=*/true);
       break;
     case arch::Family::Qwen2:
-      full_attention_layers(c, spec);
+      qwen_window_fields(c, spec, /*layer_types=*/true);
       break;
     case arch::Family::Qwen3Moe: {
       c["attention_bias"] = a.qkv_bias;
-      c["use_sliding_window"] = false;
-      c["sliding_window"] = nullptr;
-      c["max_window_layers"] = spec.num_layers;
+      qwen_window_fields(c, spec, /*layer_types=*/false);
       // Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers, every decoder_sparse_step-th layer.
       c["num_experts"] = spec.moe.enabled ? spec.moe.num_experts : 0;
       c["decoder_sparse_step"] = 1;
