@@ -257,6 +257,17 @@ FIXTURES = {
                    "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
                    "attention_bias": False, "tie_word_embeddings": False, "initializer_range": 0.02},
     },
+    # Qwen3MoeAttention windows every layer once use_sliding_window is on (max_window_layers is
+    # not read): a window of 3 in 9 tokens on both layers, although max_window_layers says 1.
+    "qwen3_moe_window": {
+        "config": {"model_type": "qwen3_moe", "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 64,
+                   "moe_intermediate_size": 24, "num_experts": 8, "num_experts_per_tok": 2,
+                   "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+                   "max_position_embeddings": 128, "vocab_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+                   "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1,
+                   "attention_bias": False, "tie_word_embeddings": False, "initializer_range": 0.02},
+    },
     "glm4_moe": {
         # The DeepSeek-V3 router: sigmoid, correction bias for selection, 4 groups of 2 with the
         # best 2 groups kept, top-2, renormalized, x2.5, one shared expert, layer 0 dense; GLM's

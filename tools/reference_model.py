@@ -185,8 +185,9 @@ def _resolve_gemma(cfg, s, mt):
 def _resolve_decoder_window(cfg, s, mt):
     """Sliding windows outside Gemma. MistralAttention / MixtralAttention pass
     sliding_window=config.sliding_window to every layer (MistralConfig default 4096, Mixtral None).
-    Qwen2Config / Qwen3Config / Qwen3MoeConfig: sliding_window is None unless use_sliding_window,
-    and layer_types[i] = "sliding_attention" if i >= max_window_layers (default 28)."""
+    Qwen2Config / Qwen3Config: sliding_window is None unless use_sliding_window, and
+    layer_types[i] = "sliding_attention" if i >= max_window_layers (default 28). Qwen3MoeAttention
+    passes config.sliding_window (None unless use_sliding_window) to every layer."""
     L = s["layers"]
     if mt in ("mistral", "mixtral"):
         w = cfg.get("sliding_window", 4096 if mt == "mistral" else None) or 0
@@ -195,6 +196,8 @@ def _resolve_decoder_window(cfg, s, mt):
         w = cfg.get("sliding_window", 4096) or 0
         first = cfg.get("max_window_layers", 28)
         types = cfg.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(L)]
+        if mt == "qwen3_moe":
+            types = ["sliding_attention"] * L
         s["sliding_window"] = w
         s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"] if w else []
 

@@ -228,6 +228,17 @@ TEST(ConfigErrors, RopeParametersOfTransformers5ReadLikeTheTopLevelFields) {
   both["rope_theta"] = 1e4;
   Error e = spec_error(both);
   EXPECT_EQ(e.field(), "rope_parameters.rope_theta");
+  auto both_scalings = v5;
+  both_scalings["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(spec_error(both_scalings).field(), "rope_parameters");
+  both_scalings["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};  // the same: fine
+  EXPECT_NO_THROW(spec_from_config(both_scalings, "same.json"));
+  auto legacy = qwen3();
+  legacy["rope_parameters"] = {{"type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e6}};
+  EXPECT_EQ(spec_from_config(legacy, "legacy.json").attention.rope.scaling["factor"], 4.0);
+  auto local = qwen3();  // a sliding-layer base only Gemma 3 has
+  local["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}, {"sliding_attention", {{"rope_theta", 1e4}}}};
+  EXPECT_EQ(spec_error(local).field(), "rope_parameters.sliding_attention.rope_theta");
   auto bad = qwen3();
   bad["rope_parameters"] = "yarn";
   EXPECT_EQ(spec_error(bad).field(), "rope_parameters");

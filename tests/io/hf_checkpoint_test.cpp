@@ -101,10 +101,26 @@ TEST_F(HfCheckpoint, ShardedBf16FolderWithATiedHeadCopyLoadsTheRoundedValues) {
   for (size_t i = 0; i < original.size(); ++i) wrong += back[i] != bf16_to_float(float_to_bf16(original[i]));
   EXPECT_EQ(wrong, 0u);
 
-  // A stored head that differs from the embedding is refused, not silently dropped.
+  // The copy in another dtype holding the same values is accepted (compared after conversion).
+  std::vector<float> embed_rounded(static_cast<size_t>(embed.shape[0] * embed.shape[1]));
+  for (size_t i = 0; i < embed_rounded.size(); ++i) {
+    embed_rounded[i] = bf16_to_float(float_to_bf16(static_cast<const float*>(embed.data)[i]));
+  }
+  auto f32_copy = tensors;
+  f32_copy.back() = {"lm_head.weight", DType::F32, embed.shape, embed_rounded.data()};
+  EXPECT_NO_THROW(load_model_dir(folder("f32_copy", f32_copy, 20'000).string()));
+  // A copy of the wrong shape or an integer dtype is named as such.
+  auto short_copy = tensors;
+  short_copy.back().shape = {embed.shape[0] / 2, embed.shape[1]};
+  EXPECT_NE(load_error(folder("short_copy", short_copy, 20'000)).reason().find("tied embedding"), std::string::npos);
+
+  // A stored head that differs from the embedding is refused, not silently dropped, and
+  // match_weights (inspect, train's check before the run folder) already knows it.
   std::vector<float> other(static_cast<size_t>(embed.shape[0] * embed.shape[1]), 0.25f);
   tensors.back().data = other.data();
-  const Error e = load_error(folder("untied_copy", tensors, 20'000));
+  const fs::path untied = folder("untied_copy", tensors, 20'000);
+  EXPECT_EQ(match_weights(HfWeights::open_dir(untied.string()), m->spec()).conflicting.size(), 1u);
+  const Error e = load_error(untied);
   EXPECT_EQ(e.field(), "lm_head.weight");
   EXPECT_NE(e.reason().find("tie_word_embeddings"), std::string::npos) << e.what();
 }

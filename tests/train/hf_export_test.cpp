@@ -336,16 +336,20 @@ TEST_F(HfExport, SlidingWindowsOfMistralAndQwenAreWrittenInTheirOwnFields) {
     const char* config;
     std::vector<std::string> sets;
   };
-  for (const Case& k : {Case{"mistral.json", {"sliding_window=16"}},
+  const Case cases[] = {Case{"mistral.json", {"sliding_window=16"}},
                         Case{"mixtral.json", {"sliding_window=16"}},
                         Case{"qwen2.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=1"}},
                         Case{"qwen3.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=0"}},
-                        Case{"qwen3_moe.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=1"}}}) {
-    SCOPED_TRACE(k.config);
-    Run run = make_run(std::string("w_") + k.config, k.config, k.sets);
+                        Case{"qwen2.json", {"use_sliding_window=true", "sliding_window=8",
+                                            "layer_types=[\"sliding_attention\", \"full_attention\"]"}},
+                        Case{"qwen3_moe.json", {"use_sliding_window=true", "sliding_window=8"}}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.config + std::string(" ") + k.sets.back());
+    const std::string name = std::string("w_") + std::to_string(&k - cases) + k.config;
+    Run run = make_run(name, k.config, k.sets);
     const arch::ModelSpec& spec = run.model->spec();
     ASSERT_GT(spec.attention.sliding_window, 0);
-    const fs::path out = dir_ / (std::string("w_hf_") + k.config);
+    const fs::path out = dir_ / (name + "_hf");
     export_run(run.dir, out.string());
     const json c = json::parse(testing::slurp((out / "config.json").string()));
     EXPECT_EQ(c["sliding_window"], spec.attention.sliding_window);
@@ -355,6 +359,20 @@ TEST_F(HfExport, SlidingWindowsOfMistralAndQwenAreWrittenInTheirOwnFields) {
     if (spec.family != arch::Family::Mistral && spec.family != arch::Family::Mixtral) {
       EXPECT_EQ(c["use_sliding_window"], true);
     }
+  }
+  // Qwen3MoeAttention windows every layer (no max_window_layers rule).
+  Run moe = make_run("w_moe", "qwen3_moe.json", {"use_sliding_window=true", "sliding_window=8", "max_window_layers=1"});
+  EXPECT_TRUE(moe.model->spec().is_sliding_layer(0));
+  EXPECT_TRUE(moe.model->spec().is_sliding_layer(1));
+  // Spellings of "no window" export: Gemma with a null window, Qwen with the switch on but no
+  // layer past max_window_layers (28 by default).
+  for (const auto& [config, sets] : std::vector<std::pair<const char*, std::vector<std::string>>>{
+           {"gemma2.json", {"sliding_window=null"}}, {"gemma3_text.json", {"sliding_window=null"}},
+           {"qwen2.json", {"use_sliding_window=true", "sliding_window=8"}}}) {
+    SCOPED_TRACE(config);
+    Run run = make_run(std::string("nw_") + config, config, sets);
+    EXPECT_FALSE(run.model->spec().is_sliding_layer(0));
+    EXPECT_NO_THROW(export_run(run.dir, (dir_ / (std::string("nw_hf_") + config)).string()));
   }
   // Mistral without a stated window: MistralConfig's 4096 (every layer), and an explicit null is none.
   Run plain = make_run("w_default", "mistral.json", {});
@@ -390,6 +408,9 @@ TEST_F(HfExport, RefusesRunsWithoutTokenizerOrCheckpointAndOccupiedTargets) {
   write_file_atomic((dir_ / "occupied" / "keep.txt").string(), "x");
   EXPECT_THROW(export_run(ok.dir, (dir_ / "occupied").string()), Error);
   EXPECT_EQ(testing::slurp((dir_ / "occupied" / "keep.txt").string()), "x");
+  // A trailing slash names the same folder.
+  export_run(ok.dir, (dir_ / "slash").string() + "/");
+  EXPECT_TRUE(fs::exists(dir_ / "slash" / "model.safetensors"));
   // An empty folder is replaced by the export.
   fs::create_directories(dir_ / "empty");
   export_run(ok.dir, (dir_ / "empty").string());

@@ -519,6 +519,30 @@ TEST_F(Trainer, StartsFromAnHfFolderAndResumesWithoutIt) {
   EXPECT_NE(r.err.find("does not match the config"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(refused));
 
+  // A tied model whose stored head copy differs from its embedding: refused before the run folder.
+  const fs::path tied = dir_ / "hf_tied";
+  r = testing::run_keel("init --config " + testing::source_path("configs/tiny/qwen3.json") + " " + sets +
+                        " --seed 5 --out " + tied.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    const io::SafetensorsFile f = io::SafetensorsFile::open((tied / "model.safetensors").string());
+    std::vector<std::vector<float>> values;
+    std::vector<io::TensorToWrite> tensors;
+    for (const auto& t : f.tensors()) {
+      values.push_back(f.read_f32(t.name));
+      tensors.push_back({t.name, io::DType::F32, t.shape, values.back().data()});
+    }
+    std::vector<float> head(values.front().size(), 0.5f);
+    tensors.push_back({"lm_head.weight", io::DType::F32, f.tensors().front().shape, head.data()});
+    io::write_safetensors((tied / "model.safetensors").string(), tensors);
+  }
+  const fs::path refused_tied = dir_ / "refused_tied";
+  r = testing::run_keel(run_cmd(refused_tied.string(), "--set model.init_from=" + tied.string()));  // tiny qwen3 is tied
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("lm_head.weight"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("differs from model.embed_tokens.weight"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(refused_tied));
+
   // Resuming reads the run's own checkpoint: the published folder may be gone.
   fs::remove_all(hf);
   r = testing::run_keel("train --resume " + run.string() + " --set run.steps=12");

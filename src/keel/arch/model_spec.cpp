@@ -380,9 +380,10 @@ void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
 
 // Sliding windows of the Llama-style families that have them (Gemma's are parse_gemma_fields'):
 // MistralAttention uses config.sliding_window on every layer (MistralConfig default 4096; null is
-// full attention); Mixtral the same with a default of none; Qwen2/Qwen3/Qwen3-MoE only when
+// full attention); Mixtral the same with a default of none; Qwen2/Qwen3 only when
 // use_sliding_window is true, on the layers from max_window_layers on (default 28) unless
-// layer_types lists them (Qwen2Config: sliding_window is forced to None otherwise).
+// layer_types lists them (Qwen2Config: sliding_window is forced to None otherwise); Qwen3-MoE
+// with use_sliding_window on every layer (Qwen3MoeAttention reads config.sliding_window alone).
 void parse_decoder_window(const ConfigReader& r, ModelSpec& spec) {
   auto& a = spec.attention;
   auto window = [&](int64_t fallback) {
@@ -401,6 +402,10 @@ void parse_decoder_window(const ConfigReader& r, ModelSpec& spec) {
       if (!r.optional_bool("use_sliding_window", false)) return;
       a.sliding_window = window(4096);
       if (a.sliding_window == 0) return;
+      if (spec.family == Family::Qwen3Moe) {
+        std::fill(spec.sliding_layer.begin(), spec.sliding_layer.end(), true);
+        return;
+      }
       if (r.has("layer_types")) {
         parse_layer_types(r, spec, 1);
         return;
@@ -551,14 +556,26 @@ nlohmann::json with_rope_parameters_spelled_out(nlohmann::json body, const std::
   if (global.contains("partial_rotary_factor")) {
     set("partial_rotary_factor", global["partial_rotary_factor"], global_field.substr(prefix.size()) + ".partial_rotary_factor");
   }
-  const std::string type = global.contains("rope_type") && global["rope_type"].is_string()
-                               ? global["rope_type"].get<std::string>()
+  const char* type_key = global.contains("rope_type") ? "rope_type" : "type";  // "type": the older spelling
+  const std::string type = global.contains(type_key) && global[type_key].is_string()
+                               ? global[type_key].get<std::string>()
                                : "default";
-  const auto old_scaling = body.find("rope_scaling");
-  if (type != "default" && (old_scaling == body.end() || old_scaling->is_null())) {
+  if (type != "default") {
     nlohmann::json scaling = global;
     scaling.erase("rope_theta");
     scaling.erase("partial_rotary_factor");
+    const auto old = body.find("rope_scaling");
+    if (old != body.end() && !old->is_null()) {
+      nlohmann::json old_scaling = *old;
+      if (old_scaling.is_object()) {
+        old_scaling.erase("rope_theta");
+        old_scaling.erase("partial_rotary_factor");
+      }
+      if (old_scaling != scaling) {
+        throw Error(source, global_field, scaling.dump() + " disagrees with " + prefix + "rope_scaling " +
+                                              old->dump() + " in the same config");
+      }
+    }
     body["rope_scaling"] = scaling;
   }
   if (per_type && params.contains("sliding_attention")) {
@@ -568,7 +585,14 @@ nlohmann::json with_rope_parameters_spelled_out(nlohmann::json body, const std::
       throw Error(source, field + ".sliding_attention.rope_type", "keel rotates sliding-window layers without scaling");
     }
     if (local.contains("rope_theta")) {
-      set("rope_local_base_freq", local["rope_theta"], "rope_parameters.sliding_attention.rope_theta");
+      // Only Gemma 3 rotates its sliding layers with their own base; elsewhere a different one
+      // would be silently dropped.
+      const bool own_base = body.value("model_type", "") == "gemma3_text";
+      if (!own_base && global.contains("rope_theta") && local["rope_theta"] != global["rope_theta"]) {
+        throw Error(source, field + ".sliding_attention.rope_theta",
+                    "differs from the full-attention layers' base; only gemma3_text gives sliding layers their own");
+      }
+      if (own_base) set("rope_local_base_freq", local["rope_theta"], "rope_parameters.sliding_attention.rope_theta");
     }
   }
   body.erase("rope_parameters");

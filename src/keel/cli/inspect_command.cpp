@@ -92,7 +92,8 @@ json describe_checkpoint(const io::HfWeights& weights, const arch::ModelSpec& sp
               {"missing", names(m.missing)},
               {"unexpected", names(m.unexpected)},
               {"misshapen", names(m.misshapen)},
-              {"wrong_dtype", names(m.wrong_dtype)}};
+              {"wrong_dtype", names(m.wrong_dtype)},
+              {"conflicting", names(m.conflicting)}};
 }
 
 std::string checkpoint_summary(const json& c) {
@@ -105,7 +106,8 @@ std::string checkpoint_summary(const json& c) {
 std::string checkpoint_verdict(const json& c) {
   if (c.is_null()) return "-";
   if (c["matches"].get<bool>()) return "every tensor as the config predicts";
-  const size_t problems = c["missing"].size() + c["unexpected"].size() + c["misshapen"].size() + c["wrong_dtype"].size();
+  const size_t problems = c["missing"].size() + c["unexpected"].size() + c["misshapen"].size() +
+                          c["wrong_dtype"].size() + c["conflicting"].size();
   return std::to_string(problems) + " problem(s), listed below";
 }
 
@@ -249,7 +251,9 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
     r.emplace_back("stored values", c.is_null() ? "-" : count(c["stored_parameters"].get<int64_t>()));
     r.emplace_back("predicted by config", c.is_null() ? "-" : count(c["predicted_parameters"].get<int64_t>()));
     r.emplace_back("size on disk", c.is_null() ? "-" : bytes(c["bytes"].get<int64_t>()));
-    r.emplace_back("tied head copy", c.is_null() || c["tied_head_copy"].is_null() ? "-" : "stored, checked equal on load");
+    r.emplace_back("tied head copy", c.is_null() || c["tied_head_copy"].is_null() ? "-"
+                                     : c["conflicting"].empty()                 ? "stored, equal to the embedding"
+                                                                                : "stored, DIFFERS from the embedding");
     r.emplace_back("match", checkpoint_verdict(c));
   }
   return r;
@@ -291,7 +295,7 @@ void print_table(const std::vector<json>& described) {
   for (const json& d : described) {
     if (!d.contains("checkpoint") || d["checkpoint"].is_null()) continue;
     const json& c = d["checkpoint"];
-    for (const char* key : {"misshapen", "wrong_dtype", "missing", "unexpected"}) {
+    for (const char* key : {"misshapen", "wrong_dtype", "conflicting", "missing", "unexpected"}) {
       for (const auto& entry : c[key]) std::printf("%s: %s\n", c["path"].get<std::string>().c_str(), entry.get<std::string>().c_str());
     }
   }

@@ -33,6 +33,20 @@ bool plain_shard_name(const std::string& name) {
          name[0] != '.' && name.ends_with(".safetensors") && name.find('\0') == std::string::npos;
 }
 
+// Equal bits in one dtype is equal values after conversion (the widening is injective); across
+// dtypes, the converted values are compared.
+bool same_values(const HfWeights& weights, const StoredTensor& a, const StoredTensor& b) {
+  if (a.record->shape != b.record->shape) return false;
+  if (a.record->dtype == b.record->dtype) {
+    const auto x = weights.file_of(a).raw_bytes(a.record->name);
+    const auto y = weights.file_of(b).raw_bytes(b.record->name);
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size()) == 0;
+  }
+  const std::vector<float> x = weights.file_of(a).read_f32(a.record->name);
+  const std::vector<float> y = weights.file_of(b).read_f32(b.record->name);
+  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
 }  // namespace
 
 std::map<std::string, std::string> HfWeights::parse_index(const std::string& text, const std::string& source) {
@@ -64,10 +78,11 @@ std::map<std::string, std::string> HfWeights::parse_index(const std::string& tex
 }
 
 std::optional<std::string> HfWeights::find_in_dir(const std::string& dir) {
+  std::error_code ec;
   const fs::path index = fs::path(dir) / kWeightsIndexFile;
-  if (fs::exists(index)) return index.string();
+  if (fs::exists(index, ec)) return index.string();
   const fs::path single = fs::path(dir) / kWeightsFile;
-  if (fs::exists(single)) return single.string();
+  if (fs::exists(single, ec)) return single.string();
   return std::nullopt;
 }
 
@@ -89,7 +104,11 @@ HfWeights HfWeights::open(const std::string& path) {
     for (const auto& [tensor, shard] : map) {
       if (shard_of_file.contains(shard)) continue;
       const fs::path shard_path = folder / shard;
-      if (!fs::exists(shard_path)) throw Error(path, "weight_map." + tensor, "shard " + shard + " does not exist");
+      std::error_code ec;
+      if (!fs::exists(shard_path, ec)) {
+        throw Error(path, "weight_map." + tensor,
+                    "shard " + shard + (ec ? " cannot be reached: " + ec.message() : std::string(" does not exist")));
+      }
       shard_of_file.emplace(shard, w.files_.size());
       w.files_.push_back(SafetensorsFile::open(shard_path.string()));
     }
@@ -144,7 +163,7 @@ std::map<std::string, int64_t> HfWeights::dtype_counts() const {
 }
 
 void WeightMatch::throw_if_bad(const HfWeights& weights) const {
-  const size_t problems = missing.size() + unexpected.size() + misshapen.size() + wrong_dtype.size();
+  const size_t problems = missing.size() + unexpected.size() + misshapen.size() + wrong_dtype.size() + conflicting.size();
   if (problems == 0) return;
   const std::string more = problems > 1 ? " (and " + std::to_string(problems - 1) + " more problems: `keel inspect` on the folder lists them)" : "";
   // Each entry is "NAME: reason"; the file is the shard for stored tensors, the index otherwise.
@@ -154,7 +173,7 @@ void WeightMatch::throw_if_bad(const HfWeights& weights) const {
     const StoredTensor* stored = weights.find(name);
     throw Error(stored ? weights.file_of(*stored).path() : weights.path(), name, entry.substr(colon + 2) + more);
   };
-  for (const auto* list : {&misshapen, &wrong_dtype, &missing, &unexpected}) {
+  for (const auto* list : {&misshapen, &wrong_dtype, &conflicting, &missing, &unexpected}) {
     if (!list->empty()) fail(list->front());
   }
 }
@@ -199,7 +218,16 @@ WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec)
     const auto it = expected.find(name);
     if (it == expected.end()) {
       if (spec.tie_word_embeddings && t.name == head) {
-        m.tied_head_copy = t.name;
+        const std::vector<int64_t> embed_shape{spec.vocab_size, spec.hidden_size};
+        if (t.shape != embed_shape) {
+          m.misshapen.push_back(t.name + ": shape " + shape_string(t.shape) + " is not the tied embedding's " +
+                                shape_string(embed_shape));
+        } else if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
+          m.wrong_dtype.push_back(t.name + ": dtype " + std::string(to_string(t.dtype)) +
+                                  " is not a float type (F32, BF16 or F16)");
+        } else {
+          m.tied_head_copy = t.name;
+        }
         m.ignored.push_back(t.name);
       } else if (ignorable(t.name)) {
         m.ignored.push_back(t.name);
@@ -233,6 +261,19 @@ WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec)
   }
   std::sort(loads.begin(), loads.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [o, load] : loads) m.loads.push_back(std::move(load));
+  if (m.tied_head_copy) {
+    const std::string embed_name = arch::tensor_name(*row.names, {arch::TensorKind::Embedding});
+    const StoredTensor* embed = nullptr;
+    for (const WeightMatch::Load& load : m.loads) {
+      if (load.parameter == embed_name) embed = load.stored;
+    }
+    const StoredTensor& copy = *weights.find(*m.tied_head_copy);
+    if (embed != nullptr && !same_values(weights, *embed, copy)) {
+      m.conflicting.push_back(*m.tied_head_copy + ": differs from " + embed_name +
+                              " but config.json says tie_word_embeddings: true, so it would be dropped; set "
+                              "tie_word_embeddings to false if the model has its own head");
+    }
+  }
   return m;
 }
 
@@ -245,33 +286,6 @@ void load_weights(const HfWeights& weights, nn::TransformerModel& model) {
     KEEL_CHECK(p != nullptr);  // the model registers exactly the layout's parameters
     weights.file_of(*load.stored).read_f32_into(load.stored->record->name,
                                                  std::span<float>(store.data(load.parameter), p->numel));
-  }
-  if (!m.tied_head_copy) return;
-  // Equal bits in one dtype is equal values after conversion (the widening is injective).
-  const arch::FamilyRow& row = arch::family_row(model.spec());
-  const StoredTensor& head = *weights.find(*m.tied_head_copy);
-  const std::string embed_name = arch::tensor_name(*row.names, {arch::TensorKind::Embedding});
-  const nn::ParamInfo* embed = store.find(embed_name);
-  KEEL_CHECK(embed != nullptr);
-  bool equal = false;
-  const StoredTensor* embed_stored = nullptr;
-  for (const WeightMatch::Load& load : m.loads) {
-    if (load.parameter == embed_name) embed_stored = load.stored;
-  }
-  if (embed_stored && embed_stored->record->dtype == head.record->dtype &&
-      embed_stored->record->shape == head.record->shape) {
-    const auto a = weights.file_of(*embed_stored).raw_bytes(embed_stored->record->name);
-    const auto b = weights.file_of(head).raw_bytes(head.record->name);
-    equal = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
-  } else if (head.record->shape == embed->shape) {
-    const std::vector<float> values = weights.file_of(head).read_f32(head.record->name);
-    equal = std::memcmp(values.data(), store.data(embed_name), values.size() * sizeof(float)) == 0;
-  }
-  if (!equal) {
-    throw Error(weights.file_of(head).path(), head.record->name,
-                "differs from " + embed_name +
-                    " but config.json says tie_word_embeddings: true, so it would be dropped; set "
-                    "tie_word_embeddings to false if the model has its own head");
   }
 }
 

@@ -34,6 +34,11 @@ struct StoredTensor {
 
 class HfWeights {
  public:
+  // StoredTensor points into files_: moving keeps the pointers valid, copying would not.
+  HfWeights(HfWeights&&) = default;
+  HfWeights& operator=(HfWeights&&) = default;
+  HfWeights(const HfWeights&) = delete;
+  HfWeights& operator=(const HfWeights&) = delete;
   // DIR/model.safetensors.index.json with its shards if the index exists, else DIR/model.safetensors.
   static HfWeights open_dir(const std::string& dir);
   // PATH: a .safetensors file, or an index (.json) whose shards sit beside it.
@@ -53,6 +58,7 @@ class HfWeights {
   std::map<std::string, int64_t> dtype_counts() const;  // "BF16" -> tensors
 
  private:
+  HfWeights() = default;
   std::string path_;
   std::vector<SafetensorsFile> files_;
   std::vector<StoredTensor> tensors_;
@@ -67,11 +73,15 @@ struct WeightMatch {
   };
   std::vector<Load> loads;          // every parameter the model trains, in layout order
   std::vector<std::string> ignored; // stored but not parameters: buffers, MTP modules, a tied head's copy
-  std::optional<std::string> tied_head_copy;  // the stored lm_head of a tied model (checked equal on load)
+  // The stored lm_head of a tied model; it must equal the embedding bit for bit after conversion
+  // (else `conflicting`): silently dropping a different head would change the model.
+  std::optional<std::string> tied_head_copy;
   // Problems, one line each: "NAME: reason". Empty when the checkpoint loads.
-  std::vector<std::string> missing, unexpected, misshapen, wrong_dtype;
+  std::vector<std::string> missing, unexpected, misshapen, wrong_dtype, conflicting;
   int64_t predicted_parameters = 0;  // what the config predicts the folder stores (MTP included)
-  bool ok() const { return missing.empty() && unexpected.empty() && misshapen.empty() && wrong_dtype.empty(); }
+  bool ok() const {
+    return missing.empty() && unexpected.empty() && misshapen.empty() && wrong_dtype.empty() && conflicting.empty();
+  }
   // The first problem as a keel::Error (file, tensor, reason, "and N more"); no-op when ok().
   void throw_if_bad(const HfWeights& weights) const;
 };
@@ -79,8 +89,7 @@ struct WeightMatch {
 WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec);
 
 // Converts every matched tensor once, straight into the model's fp32 parameters (bf16 and fp16
-// widen exactly). A tied model's stored lm_head must equal its embedding bit for bit after
-// conversion, else keel::Error: silently dropping a different head would change the model.
+// widen exactly), after match_weights found no problem (else keel::Error naming the first).
 void load_weights(const HfWeights& weights, nn::TransformerModel& model);
 
 // Writes DIR/model.safetensors, or, when the tensors' bytes exceed max_shard_bytes, shards

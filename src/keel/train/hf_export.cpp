@@ -26,16 +26,20 @@ namespace {
 
 json id_or_null(const std::optional<int32_t>& id) { return id ? json(*id) : json(nullptr); }
 
-// Qwen2/Qwen3/Qwen3-MoE window fields: use_sliding_window switches the window on for the layers
-// from max_window_layers on; without a window, sliding_window stays null and every layer is full.
-// Qwen2Config and Qwen3Config also list the layers (layer_types).
+// Qwen2/Qwen3 window fields: use_sliding_window switches the window on for the layers that
+// layer_types lists (max_window_layers, the 4.x default's rule, is the first of them); without a
+// window, sliding_window stays null and every layer is full. Qwen3-MoE has no per-layer rule:
+// the window covers every layer or none (checked by the read-back).
 void qwen_window_fields(json& c, const arch::ModelSpec& spec, bool layer_types) {
   int64_t first_sliding = spec.num_layers;
-  for (int64_t l = spec.num_layers - 1; l >= 0 && spec.is_sliding_layer(l); --l) first_sliding = l;
-  c["use_sliding_window"] = first_sliding < spec.num_layers;
-  c["sliding_window"] = first_sliding < spec.num_layers ? json(spec.attention.sliding_window) : json(nullptr);
-  c["max_window_layers"] = first_sliding;
+  for (int64_t l = spec.num_layers - 1; l >= 0; --l) {
+    if (spec.is_sliding_layer(l)) first_sliding = l;
+  }
+  const bool any = first_sliding < spec.num_layers;
+  c["use_sliding_window"] = any;
+  c["sliding_window"] = any ? json(spec.attention.sliding_window) : json(nullptr);
   if (!layer_types) return;
+  c["max_window_layers"] = first_sliding;
   c["layer_types"] = json::array();
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
@@ -57,6 +61,14 @@ FamilyShape family_shape(arch::Family f) {
   }
   s.partial_rotary = f == arch::Family::Glm4Moe;
   return s;
+}
+
+// The window each layer attends with (0: the whole context): what the model computes, whatever
+// the spelling (a null window with Gemma's alternating layer pattern is no window at all).
+std::vector<int64_t> effective_windows(const arch::ModelSpec& s) {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < s.num_layers; ++l) out.push_back(s.is_sliding_layer(l) ? s.attention.sliding_window : 0);
+  return out;
 }
 
 // The fields that decide what a model computes, compared one by one; the first that differs is
@@ -93,7 +105,7 @@ std::optional<std::string> first_difference(const arch::ModelSpec& x, const arch
       {"keel.mla_latent_norms", a.mla_latent_norms == b.mla_latent_norms},
       {"keel.attn_softcap", a.softcap == b.softcap},
       {"query_pre_attn_scalar", a.query_pre_attn_scalar == b.query_pre_attn_scalar},
-      {"sliding_window", a.sliding_window == b.sliding_window && x.sliding_layer == y.sliding_layer},
+      {"sliding_window", effective_windows(x) == effective_windows(y)},
       {"keel.mlp", x.mlp.kind == y.mlp.kind},
       {"hidden_act", x.mlp.activation == y.mlp.activation},
       {"intermediate_size", x.mlp.intermediate_size == y.mlp.intermediate_size},
@@ -529,7 +541,8 @@ void write_hf_folder(const nn::TransformerModel& model, const SpecialTokenIds& i
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {
     throw Error(out_dir, "", "already exists and is not an empty folder");
   }
-  const fs::path target = fs::path(out_dir).lexically_normal();
+  fs::path target = fs::path(out_dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/" names the folder "out"
   const fs::path staging = target.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(staging, ec);
   fs::create_directories(staging, ec);

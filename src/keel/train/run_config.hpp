@@ -25,6 +25,8 @@ struct RunConfig {
   // weights replace the random initialization at step 0; fp32 master weights from then on.
   // Read only by a fresh start: a resumed run continues from its own checkpoint.
   std::string init_from;
+  // The config.json the run trains: model_config, else init_from's folder (which holds one).
+  const std::string& model_config_path() const { return model_config.empty() ? init_from : model_config; }
   std::vector<std::string> model_set;     // overrides applied to it, "key=value"
   // [data]
   std::string dataset;                    // folder written by `keel data prepare`

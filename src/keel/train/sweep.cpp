@@ -162,7 +162,7 @@ std::vector<VariantPlan> plan_sweep(const SweepConfig& sweep, bool check_models)
     }
     if (check_models) {
       try {
-        arch::LoadedConfig mc = arch::read_config_file(cfg.model_config);
+        arch::LoadedConfig mc = arch::read_config_file(cfg.model_config_path());
         arch::apply_overrides(mc.json, cfg.model_set, mc.path);
         arch::spec_from_config(mc.json, mc.path);
       } catch (const Error& e) {

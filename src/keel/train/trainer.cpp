@@ -181,7 +181,7 @@ TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json&
 }
 
 json load_model_config(const RunConfig& c) {
-  arch::LoadedConfig cfg = arch::read_config_file(c.model_config.empty() ? c.init_from : c.model_config);
+  arch::LoadedConfig cfg = arch::read_config_file(c.model_config_path());
   arch::apply_overrides(cfg.json, c.model_set, cfg.path);
   const arch::ModelSpec spec = arch::spec_from_config(cfg.json, cfg.path);  // validate now, naming the original file
   if (!c.init_from.empty()) {
