@@ -3,7 +3,7 @@
 // AutoModelForCausalLM / AutoTokenizer load as they are:
 //   config.json             architectures, model_type and every field of the family's Config
 //                           class that decides the model written out (no defaults left to the
-//                           reader; docs/finetune.md lists them), no "keel" object
+//                           reader; docs/hf_export_fields.md lists them), no "keel" object
 //   model.safetensors       F32 or BF16 (--dtype), the HF tensor names and layouts keel trains
 //                           under (GPT-2's fused Conv1D c_attn, per-expert MoE tensors); above
 //                           --max-shard-size, model-0000K-of-0000N.safetensors shards and

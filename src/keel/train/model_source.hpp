@@ -1,7 +1,8 @@
 #pragma once
 // Where a trained model comes from: a model directory (config.json + model.safetensors or its
-// shards, maybe a tokenizer.json and generation_config.json) or a run folder (run.toml; the newest complete checkpoint's weights with the
-// run's config.json, and the tokenizer named in run.toml's [data] tokenizer).
+// shards, maybe a tokenizer.json and generation_config.json) or a run folder (run.toml; the
+// newest complete checkpoint's weights with the run's config.json, and the tokenizer named in
+// run.toml's [data] tokenizer).
 #include <cstdint>
 #include <string>
 #include <vector>
