@@ -42,6 +42,20 @@ class GenerateCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // A run folder: run.toml naming the tokenizer, config.json, one complete checkpoint holding
+  // the model directory's weights.
+  fs::path make_run_folder() {
+    const fs::path run = dir_ / "run";
+    const fs::path ckpt = run / train::kCheckpointsDir / train::checkpoint_dir_name(10);
+    fs::create_directories(ckpt);
+    write_file_atomic((run / train::kRunConfigFile).string(),
+                      "[data]\ntokenizer = \"" + (dir_ / "model" / "tokenizer.json").string() + "\"\n");
+    write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
+    fs::copy_file(dir_ / "model" / "model.safetensors", ckpt / "model.safetensors");
+    write_file_atomic((ckpt / train::kCommitMarker).string(), "");
+    return run;
+  }
+
   fs::path dir_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   json config_;
@@ -97,15 +111,7 @@ TEST_F(GenerateCli, MlaModelGeneratesTheFullForwardsGreedyTokens) {
 }
 
 TEST_F(GenerateCli, ExportedRunGeneratesLikeTheRun) {
-  // A run folder: run.toml naming the tokenizer, config.json, one complete checkpoint.
-  const fs::path run = dir_ / "run";
-  const fs::path ckpt = run / train::kCheckpointsDir / train::checkpoint_dir_name(10);
-  fs::create_directories(ckpt);
-  write_file_atomic((run / train::kRunConfigFile).string(),
-                        "[data]\ntokenizer = \"" + (dir_ / "model" / "tokenizer.json").string() + "\"\n");
-  write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
-  fs::copy_file(dir_ / "model" / "model.safetensors", ckpt / "model.safetensors");
-  write_file_atomic((ckpt / train::kCommitMarker).string(), "");
+  const fs::path run = make_run_folder();
 
   CommandResult e = run_keel("export --run " + run.string() + " --out " + (dir_ / "hf").string());
   ASSERT_EQ(e.status, 0) << e.err;
@@ -126,14 +132,7 @@ TEST_F(GenerateCli, ExportedRunGeneratesLikeTheRun) {
 // (every stored tensor as the config predicts), evaluated, differentiated and sampled from, and
 // a chat model's list of eos ids in generation_config.json stops generation.
 TEST_F(GenerateCli, ShardedBf16ExportIsInspectedEvaluatedAndSampled) {
-  const fs::path run = dir_ / "run";
-  const fs::path ckpt = run / train::kCheckpointsDir / train::checkpoint_dir_name(10);
-  fs::create_directories(ckpt);
-  write_file_atomic((run / train::kRunConfigFile).string(),
-                    "[data]\ntokenizer = \"" + (dir_ / "model" / "tokenizer.json").string() + "\"\n");
-  write_file_atomic((run / train::kModelConfigFile).string(), config_.dump(2));
-  fs::copy_file(dir_ / "model" / "model.safetensors", ckpt / "model.safetensors");
-  write_file_atomic((ckpt / train::kCommitMarker).string(), "");
+  const fs::path run = make_run_folder();
   const fs::path hf = dir_ / "hf16";
   CommandResult e = run_keel("export --run " + run.string() + " --out " + hf.string() +
                              " --dtype bfloat16 --max-shard-size 50KB");
