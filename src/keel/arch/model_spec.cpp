@@ -322,6 +322,12 @@ double optional_cap(const ConfigReader& r, const std::string& field, double fall
   return r.optional_number(field, fallback, 0.0, 1e6, /*min_exclusive=*/true);
 }
 
+// sliding_window: absent -> the class's default, null -> no window (0), else a positive length.
+int64_t optional_window(const ConfigReader& r, int64_t fallback) {
+  if (r.object().contains("sliding_window") && r.object().at("sliding_window").is_null()) return 0;
+  return r.optional_int("sliding_window", fallback, 1, kMaxPositions);
+}
+
 // Which layers use the sliding window: `layer_types` when given ("sliding_attention" or
 // "full_attention" per layer), else Gemma 2's rule: even layer indices slide (Gemma2Config:
 // "sliding_attention" if (i + 1) % 2 else "full_attention").
@@ -361,11 +367,7 @@ void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
   a.softcap = gemma3 && !r.has("attn_logit_softcapping") ? 0.0 : optional_cap(r, "attn_logit_softcapping", 50.0);
   spec.final_softcap =
       gemma3 && !r.has("final_logit_softcapping") ? 0.0 : optional_cap(r, "final_logit_softcapping", 30.0);
-  if (r.object().contains("sliding_window") && r.object().at("sliding_window").is_null()) {
-    a.sliding_window = 0;
-  } else {
-    a.sliding_window = r.optional_int("sliding_window", 4096, 1, kMaxPositions);
-  }
+  a.sliding_window = optional_window(r, 4096);
   // Only a window the config states: Gemma2Config's default of 4096 on a small test context just
   // means that every position is in the window.
   if (r.has("sliding_window") && a.sliding_window > spec.max_position_embeddings) {
@@ -386,21 +388,17 @@ void parse_gemma_fields(const ConfigReader& r, ModelSpec& spec) {
 // with use_sliding_window on every layer (Qwen3MoeAttention reads config.sliding_window alone).
 void parse_decoder_window(const ConfigReader& r, ModelSpec& spec) {
   auto& a = spec.attention;
-  auto window = [&](int64_t fallback) {
-    if (r.object().contains("sliding_window") && r.object().at("sliding_window").is_null()) return int64_t{0};
-    return r.optional_int("sliding_window", fallback, 1, kMaxPositions);
-  };
   switch (spec.family) {
     case Family::Mistral:
     case Family::Mixtral:
-      a.sliding_window = window(spec.family == Family::Mistral ? 4096 : 0);
+      a.sliding_window = optional_window(r, spec.family == Family::Mistral ? 4096 : 0);
       std::fill(spec.sliding_layer.begin(), spec.sliding_layer.end(), a.sliding_window > 0);
       return;
     case Family::Qwen2:
     case Family::Qwen3:
     case Family::Qwen3Moe: {
       if (!r.optional_bool("use_sliding_window", false)) return;
-      a.sliding_window = window(4096);
+      a.sliding_window = optional_window(r, 4096);
       if (a.sliding_window == 0) return;
       if (spec.family == Family::Qwen3Moe) {
         std::fill(spec.sliding_layer.begin(), spec.sliding_layer.end(), true);

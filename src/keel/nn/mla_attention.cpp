@@ -20,8 +20,6 @@ const float* opt(const ParameterStore& s, ParamRef r) { return r.valid() ? s.dat
 float* opt_grad(ParameterStore& s, ParamRef r) { return r.valid() ? s.grad(r) : nullptr; }
 }  // namespace
 
-double mla_softmax_scale(const arch::ModelSpec& spec) { return arch::attention_softmax_scale(spec); }
-
 MlaAttention::MlaAttention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer,
                            const kernels::RopeTable* rope)
     : hidden_(spec.hidden_size),
@@ -31,7 +29,7 @@ MlaAttention::MlaAttention(ParameterStore& store, const arch::ModelSpec& spec, i
       nope_(spec.attention.qk_nope_head_dim),
       rope_dim_(spec.attention.qk_rope_head_dim),
       v_dim_(spec.attention.v_head_dim),
-      scale_(static_cast<float>(mla_softmax_scale(spec))),
+      scale_(static_cast<float>(arch::attention_softmax_scale(spec))),
       softcap_(static_cast<float>(spec.attention.softcap)),
       latent_norms_(spec.attention.mla_latent_norms),
       rope_(rope) {

@@ -26,9 +26,6 @@
 
 namespace keel::nn {
 
-// The softmax scale HF's DeepseekV3Attention uses for this spec.
-double mla_softmax_scale(const arch::ModelSpec& spec);
-
 class MlaAttention {
  public:
   // rope: a table of rotary_dim = qk_rope_head_dim (interleaved when rope_interleave is set).

@@ -533,10 +533,10 @@ int64_t parse_shard_size(const std::string& text) {
 
 void write_hf_folder(const nn::TransformerModel& model, const SpecialTokenIds& ids, const std::string& tokenizer_path,
                      const std::string& out_dir, const ExportOptions& options) {
-  const json config = hf_export_config(model.spec(), ids, options.dtype);  // refuses before anything is written
   if (options.dtype != io::DType::F32 && options.dtype != io::DType::BF16) {
     throw Error("keel export", "--dtype", "float32 or bfloat16");
   }
+  const json config = hf_export_config(model.spec(), ids, options.dtype);  // refuses before anything is written
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {
     throw Error(out_dir, "", "already exists and is not an empty folder");
