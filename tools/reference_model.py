@@ -7,10 +7,13 @@ exact math (HF upcasts norms and softmax to fp32; in float64 those casts are no-
 
 Families: gpt2, llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, deepseek_v3 / kimi_k2 with Multi-head Latent
 Attention and dense MLPs in every layer (first_k_dense_replace >= num_hidden_layers), and the MoE
-families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), plus keel's
-variants declared by the optional "keel" object in config.json: norm (rmsnorm|layernorm),
-norm_placement (pre|post|sandwich|post_sublayer), qk_norm (bool, "per_head", "full_width"), qkv_bias, z_loss, attn_softcap, final_softcap,
-embed_scale (a number or "sqrt_hidden").
+families mixtral, qwen3_moe and glm4_moe (standard attention; the DeepSeek-V3 router), deepseek_v2
+(MLA with complex-pair RoPE, the softmax greedy / group_limited_greedy router) and gpt_oss
+(attention sinks, alternating sliding window, YaRN, the biased top-k router and the fused, clamped
+SwiGLU experts), plus keel's variants declared by the optional "keel" object in config.json: norm
+(rmsnorm|layernorm|rmsnorm_1p), norm_placement (pre|post|sandwich|post_sublayer), qk_norm (bool,
+"per_head", "full_width"), qkv_bias, z_loss, attn_softcap, final_softcap, embed_scale (a number or
+"sqrt_hidden"), attn_sinks (gpt-oss sinks), attn_output_gate (Qwen3-Next's gated attention).
 
 Parameters are a dict {hf_name: tensor} with exactly the names and shapes of the HF
 checkpoints (and of keel's src/keel/arch/hf_tensors.cpp).
@@ -41,9 +44,11 @@ _FAMILY_DEFAULTS = {
     "olmo2": (1e-5, 10000.0, False, None),     # Olmo2Config
     "gemma2": (1e-6, 10000.0, True, 256),      # Gemma2Config
     "gemma3_text": (1e-6, 1e6, True, 256),     # Gemma3TextConfig
+    "gpt_oss": (1e-5, 150000.0, False, 64),    # GptOssConfig (head_dim 64, rope_theta 150000)
+    "deepseek_v2": (1e-6, 10000.0, False, None),  # DeepseekV2Config
 }
 
-_MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
+_MLA_FAMILIES = ("deepseek_v3", "kimi_k2", "deepseek_v2")
 
 
 def resolve_moe(cfg, mt, layers):
@@ -71,7 +76,41 @@ def resolve_moe(cfg, mt, layers):
                     shared_inter=cfg["moe_intermediate_size"] * cfg.get("n_shared_experts", 1),
                     moe_layers=[l for l in range(layers) if l >= first], moe_prefix="mlp",
                     expert_names=("gate_proj", "up_proj", "down_proj"), score_bias=True)
+    if mt == "gpt_oss":
+        # GptOssMLP in every layer: GptOssTopKRouter (linear with bias, top-k of the logits, softmax
+        # over those k) and GptOssExperts (fused, interleaved gate/up, clamped SwiGLU with biases).
+        # GptOssExperts.__init__ hard-codes alpha 1.702 and limit 7.0 in the modeling code read;
+        # GptOssConfig documents swiglu_alpha / swiglu_limit (defaults 1.702 / 7.0) and the released
+        # configs carry swiglu_limit 7.0, so reading the config is the same model for them.
+        return dict(moe=True, router="gpt_oss", experts=cfg["num_local_experts"], top_k=cfg.get("num_experts_per_tok", 4),
+                    norm_topk=True, scaling=1.0, n_group=1, topk_group=1, moe_inter=cfg["intermediate_size"],
+                    shared_inter=0, moe_layers=list(range(layers)), moe_prefix="mlp", expert_names=None,
+                    score_bias=False, swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                    swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
+    if mt == "deepseek_v2":
+        # DeepseekV2Moe (modeling_deepseek_v2.py): softmax over the experts, then route_tokens_to_experts
+        # with topk_method "greedy" (top-k of the probabilities) or "group_limited_greedy" (group
+        # score = max within the group, topk_group groups kept, the rest masked_fill(0.0), top-k),
+        # weights = the chosen probabilities * routed_scaling_factor; shared_experts always added.
+        # DeepseekV2DecoderLayer: MoE iff layer_idx >= first_k_dense_replace (HF ignores
+        # moe_layer_freq; DeepSeek's own modeling_deepseek.py also requires layer_idx % moe_layer_freq
+        # == 0, which is the same rule at the released moe_layer_freq 1 -- that rule is used here).
+        first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
+        n_shared = cfg.get("n_shared_experts", 2)
+        method = cfg.get("topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"deepseek_v2 topk_method {method} not implemented")
+        return dict(moe=True, router="deepseek_v2", topk_method=method, experts=cfg["n_routed_experts"],
+                    top_k=cfg["num_experts_per_tok"], norm_topk=bool(cfg.get("norm_topk_prob", False)),
+                    scaling=float(cfg.get("routed_scaling_factor", 1.0)), n_group=cfg.get("n_group") or 1,
+                    topk_group=cfg.get("topk_group") or 1, moe_inter=cfg["moe_intermediate_size"],
+                    shared_inter=cfg["moe_intermediate_size"] * n_shared if n_shared else 0,
+                    moe_layers=[l for l in range(layers) if l >= first and l % freq == 0], moe_prefix="mlp",
+                    expert_names=("gate_proj", "up_proj", "down_proj"), score_bias=False)
     return dict(moe=False, moe_layers=[])
+
+
+_KEEL_ATTN_KEYS = ("attn_sinks", "attn_output_gate")
 
 
 def resolve(cfg):
@@ -93,6 +132,8 @@ def resolve(cfg):
         )
         s.update(z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
                  final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H))
+        if any(keel.get(k) for k in _KEEL_ATTN_KEYS) or keel.get("norm") == "rmsnorm_1p":
+            raise ValueError("keel attn_sinks / attn_output_gate / rmsnorm_1p are not defined for gpt2")
         return s
 
     if mt not in _FAMILY_DEFAULTS:
@@ -104,7 +145,7 @@ def resolve(cfg):
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or (hd_d if hd_d else H // heads)
-    attention_bias = bool(cfg.get("attention_bias", False))
+    attention_bias = bool(cfg.get("attention_bias", mt == "gpt_oss"))  # GptOssConfig.attention_bias = True
     if mt == "llama":      # LlamaAttention: q,k,v,o all use bias=config.attention_bias
         qkv_bias, o_bias = attention_bias, attention_bias
         mlp_bias = bool(cfg.get("mlp_bias", False))   # LlamaMLP: bias=config.mlp_bias
@@ -143,6 +184,7 @@ def resolve(cfg):
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, H),
     )
+    _resolve_keel_attention(cfg, keel, s, mt)
     if mt in ("gemma2", "gemma3_text"):
         _resolve_gemma(cfg, s, mt)
     _resolve_decoder_window(cfg, s, mt)
@@ -151,6 +193,27 @@ def resolve(cfg):
     s["rotary_dim"] = int(head_dim * prf)
     s.update(resolve_moe(cfg, mt, s["layers"]))
     return s
+
+
+def _resolve_keel_attention(cfg, keel, s, mt):
+    """keel.attn_sinks: GptOssAttention's learned per-head sink logit (self_attn.sinks [heads]) in
+    every layer's softmax (modeling_gpt_oss.eager_attention_forward); always on for gpt_oss.
+    keel.attn_output_gate: Qwen3NextAttention's output gate (q_proj twice as wide, per head
+    [query | gate], attn_output * sigmoid(gate) before o_proj; modeling_qwen3_next.py).
+    keel.norm "rmsnorm_1p": Qwen3NextRMSNorm, x_hat * (1 + w) (Gemma's form) for every RMSNorm
+    including q_norm / k_norm; its weights are weight-decayed (see decays)."""
+    s["attn_sinks"] = mt == "gpt_oss" or bool(keel.get("attn_sinks", False))
+    s["attn_gate"] = bool(keel.get("attn_output_gate", False))
+    if s["norm"] == "rmsnorm_1p":
+        if mt in ("gemma2", "gemma3_text"):
+            raise ValueError("rmsnorm_1p on a Gemma family: its norms already are x_hat * (1 + w)")
+        s["norm_offset"] = True
+    elif s["norm"] not in ("rmsnorm", "layernorm"):
+        raise ValueError(f"unknown keel norm {s['norm']}")
+    if mt == "gpt_oss":
+        # GptOssRotaryEmbedding reads rope_scaling (YaRN by default, truncate false in the released
+        # config); yarn's original_max_position_embeddings falls back to max_position_embeddings.
+        s["rope"]["max_positions"] = cfg.get("max_position_embeddings", 131072)
 
 
 def _resolve_gemma(cfg, s, mt):
@@ -200,6 +263,13 @@ def _resolve_decoder_window(cfg, s, mt):
             types = ["sliding_attention"] * L
         s["sliding_window"] = w
         s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"] if w else []
+    elif mt == "gpt_oss":
+        # GptOssConfig: sliding_window 128, layer_types[i] = "sliding_attention" if (i + 1) % 2 else
+        # "full_attention" (layer 0 sliding); GptOssAttention: sliding_window only on sliding layers.
+        w = cfg.get("sliding_window", 128) or 0
+        types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+        s["sliding_window"] = w
+        s["sliding_layers"] = [i for i, t in enumerate(types) if t == "sliding_attention"] if w else []
 
 
 def _embed_scale(keel, hidden):
@@ -214,8 +284,11 @@ def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
     kv_a_proj_with_mqa and o_proj (DeepseekV3Attention.__init__); rope_interleave defaults to
     True. Layers >= first_k_dense_replace are DeepseekV3MoE, the same block as Glm4MoeMoE (sigmoid
     TopkRouter with e_score_correction_bias, group-limited top-k, shared experts)."""
+    if any(keel.get(k) for k in _KEEL_ATTN_KEYS) or keel.get("norm") == "rmsnorm_1p":
+        raise ValueError("keel attn_sinks / attn_output_gate / rmsnorm_1p are defined for the llama-style attention only")
     L = cfg["num_hidden_layers"]
     nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    v2 = s["family"] == "deepseek_v2"
     bias = bool(cfg.get("attention_bias", False))
     heads = cfg["num_attention_heads"]
     s.update(
@@ -228,12 +301,18 @@ def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
               "max_positions": cfg.get("max_position_embeddings", 4096)},
         rope_dim=rope,
         mla={"q_lora_rank": cfg.get("q_lora_rank"), "kv_lora_rank": cfg["kv_lora_rank"], "nope": nope,
-             "rope": rope, "v": v, "interleave": bool(cfg.get("rope_interleave", True))},
+             "rope": rope, "v": v, "interleave": True if v2 else bool(cfg.get("rope_interleave", True)),
+             # DeepseekV2: apply_rotary_emb multiplies (2i, 2i+1) pairs as complex numbers in place;
+             # DeepseekV2Attention.scaling is qk_head_dim ** -0.5 with no YaRN mscale factor.
+             "complex_rope": v2, "mscale_scale": not v2},
         z_loss=float(keel.get("z_loss", 0.0)), attn_softcap=float(keel.get("attn_softcap", 0.0)),
         final_softcap=float(keel.get("final_softcap", 0.0)), embed_scale=_embed_scale(keel, cfg["hidden_size"]),
     )
-    moe_cfg = dict(cfg, first_k_dense_replace=cfg.get("first_k_dense_replace", 3))  # DeepseekV3Config default
-    s.update(resolve_moe(moe_cfg, "glm4_moe", L))
+    if v2:
+        s.update(resolve_moe(cfg, "deepseek_v2", L))
+    else:
+        moe_cfg = dict(cfg, first_k_dense_replace=cfg.get("first_k_dense_replace", 3))  # DeepseekV3Config default
+        s.update(resolve_moe(moe_cfg, "glm4_moe", L))
     if not s["moe_layers"]:
         s.update(moe=False)
     return s
@@ -243,7 +322,9 @@ def _resolve_mla(cfg, keel, s, eps_d, theta_d, tie_d):
 # Tensor layout (names, shapes, kinds) -- mirrors keel's hf_tensors.cpp LayoutBuilder
 # --------------------------------------------------------------------------------------------
 # kind: "embedding" | "linear" ([out, in]) | "conv1d" ([in, out], GPT-2) | "norm_weight" |
-#       "norm_bias" | "bias"
+#       "norm_offset_weight" (w of x_hat * (1 + w)) | "norm_bias" | "bias" | "router" | "buffer" |
+#       "sink" (attention sinks [heads]) | "expert_weight" (gpt-oss fused [E, in, out]) |
+#       "expert_bias" (gpt-oss fused [E, out])
 
 def tensor_layout(s):
     out = []
@@ -299,13 +380,19 @@ def tensor_layout(s):
             linear(p + ".kv_b_proj", nh * (m["nope"] + m["v"]), m["kv_lora_rank"], False)
             linear(p + ".o_proj", H, nh * m["v"], s["o_bias"])
             return
-        linear(p + ".q_proj", nh * hd, H, s["qkv_bias"])
+        # Qwen3NextAttention: q_proj (and its bias) 2 * heads * head_dim wide, per head [query | gate].
+        linear(p + ".q_proj", nh * hd * (2 if s.get("attn_gate") else 1), H, s["qkv_bias"])
         linear(p + ".k_proj", nkv * hd, H, s["qkv_bias"])
         linear(p + ".v_proj", nkv * hd, H, s["qkv_bias"])
         linear(p + ".o_proj", H, nh * hd, s["o_bias"])
         if s["qk_norm"]:  # RMSNorm over head_dim (Qwen3RMSNorm) or the full width (Olmo2RMSNorm), weight only
-            add(p + ".q_norm.weight", [nh * hd if s.get("qk_full") else hd], "norm_weight")
-            add(p + ".k_norm.weight", [nkv * hd if s.get("qk_full") else hd], "norm_weight")
+            # rmsnorm_1p: w of x_hat * (1 + w), drawn near 0 and decayed. (Gemma 3's q_norm / k_norm
+            # keep the "norm_weight" draw 1 + 0.1 N(0,1) that its fixture was written with.)
+            kind = "norm_offset_weight" if s["norm"] == "rmsnorm_1p" else "norm_weight"
+            add(p + ".q_norm.weight", [nh * hd if s.get("qk_full") else hd], kind)
+            add(p + ".k_norm.weight", [nkv * hd if s.get("qk_full") else hd], kind)
+        if s.get("attn_sinks"):  # GptOssAttention.sinks = nn.Parameter(torch.empty(num_attention_heads))
+            add(p + ".sinks", [nh], "sink")
 
     def dense_mlp(p):
         linear(p + ".mlp.gate_proj", I, H, s["mlp_bias"])
@@ -316,6 +403,19 @@ def tensor_layout(s):
         layer = int(p.rsplit(".", 1)[1])
         if layer not in s.get("moe_layers", []):
             return dense_mlp(p)
+        if s["router"] == "gpt_oss":
+            # GptOssTopKRouter (weight [E, H], bias [E]) and GptOssExperts' fused tensors as stored in
+            # the (dequantized) checkpoint: gate_up_proj [E, H, 2I] (x @ W: [in, out], gate columns
+            # 0, 2, 4, ..., up columns 1, 3, 5, ...), gate_up_proj_bias [E, 2I], down_proj [E, I, H],
+            # down_proj_bias [E, H].
+            m, E, W = p + ".mlp", s["experts"], s["moe_inter"]
+            add(m + ".router.weight", [E, H], "router")
+            add(m + ".router.bias", [E], "bias")
+            add(m + ".experts.gate_up_proj", [E, H, 2 * W], "expert_weight")
+            add(m + ".experts.gate_up_proj_bias", [E, 2 * W], "expert_bias")
+            add(m + ".experts.down_proj", [E, W, H], "expert_weight")
+            add(m + ".experts.down_proj_bias", [E, H], "expert_bias")
+            return
         m, (g, u, d), W = f"{p}.{s['moe_prefix']}", s["expert_names"], s["moe_inter"]
         add(m + ".gate.weight", [s["experts"], H], "router")
         if s["score_bias"]:
@@ -363,9 +463,17 @@ def tensor_layout(s):
     return out
 
 
-def decays(name, shape, kind):
+def decays(name, shape, kind, s=None):
     """AdamW weight-decay rule used by the fixtures: 2-D weights that are not embeddings
-    (the MoE router's gate.weight included)."""
+    (the MoE router's gate.weight included); gpt-oss's fused 3-D expert matrices too, never their
+    2-D [E, out] biases; and, for keel's "rmsnorm_1p" (Qwen3-Next's zero-centred,
+    weight-decayed norm), the norm weights w of x_hat * (1 + w). Sinks and other 1-D tensors don't."""
+    if kind == "expert_weight":
+        return True
+    if kind == "expert_bias":
+        return False
+    if kind == "norm_offset_weight" and s is not None and s.get("norm") == "rmsnorm_1p":
+        return True
     return len(shape) == 2 and kind != "embedding"
 
 
@@ -528,12 +636,16 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(B, kv, n_rep, T, hd).reshape(B, kv * n_rep, T, hd)
 
 
-def causal_attention_core(q, k, v, scaling, softcap, stats, window=0):
+def causal_attention_core(q, k, v, scaling, softcap, stats, window=0, sinks=None):
     """modeling_llama.eager_attention_forward (+ Gemma2's soft-capping, modeling_gemma2.py):
     w = q k^T * scaling; [softcap: w = c * tanh(w / c)]; + causal mask; softmax; w v.
     window > 0: the sliding-window mask too, query i sees key j iff 0 <= i - j < window
     (masking_utils.sliding_window_overlay). stats: list to which the per-head max of the scaled,
-    pre-cap logit over batch and unmasked positions is appended."""
+    pre-cap logit over batch and unmasked positions is appended (real q.k logits only, never the
+    sink). sinks [heads]: modeling_gpt_oss.eager_attention_forward -- the head's sink logit is
+    concatenated as an extra last column of every (masked) row, the row max (sink included) is
+    subtracted, softmax over keys + sink, the sink column dropped: probabilities over the keys sum
+    to 1 - p_sink; the sink adds nothing to the output."""
     T = q.shape[-2]
     w = torch.matmul(q, k.transpose(2, 3)) * scaling
     mask = torch.ones(T, T, dtype=torch.bool).tril()
@@ -545,6 +657,13 @@ def causal_attention_core(q, k, v, scaling, softcap, stats, window=0):
     if softcap:
         w = softcap * torch.tanh(w / softcap)
     w = w.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        B, nh = w.shape[0], w.shape[1]
+        col = sinks.reshape(1, -1, 1, 1).expand(B, nh, T, 1)
+        combined = torch.cat([w, col], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        w = torch.softmax(combined, dim=-1)[..., :-1]
+        return torch.matmul(w, v)
     w = torch.softmax(w, dim=-1)
     return torch.matmul(w, v)
 
@@ -559,6 +678,13 @@ def decoder_attention(s, p, prefix, x, cos, sin, stats):
         return F.linear(t, p[f"{prefix}.{name}.weight"], p.get(f"{prefix}.{name}.bias"))
 
     q, k = proj("q_proj", x), proj("k_proj", x)
+    gate = None
+    if s.get("attn_gate"):
+        # Qwen3NextAttention.forward: q_proj(x).view(B, T, heads, 2 * head_dim), torch.chunk(2, dim=-1)
+        # -> query (first head_dim of each head's block), gate (second); gate.reshape(B, T, heads * hd).
+        q, gate = torch.chunk(q.view(B, T, nh, 2 * hd), 2, dim=-1)
+        gate = gate.reshape(B, T, nh * hd)
+        q = q.reshape(B, T, nh * hd)
     if s["qk_norm"] and s.get("qk_full"):  # Olmo2Attention: normalize the whole projection, then split heads
         q = rms_norm(q, p[prefix + ".q_norm.weight"], s["eps"])
         k = rms_norm(k, p[prefix + ".k_norm.weight"], s["eps"])
@@ -575,8 +701,11 @@ def decoder_attention(s, p, prefix, x, cos, sin, stats):
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     layer = int(prefix.split(".")[2])
     window = s.get("sliding_window", 0) if layer in s.get("sliding_layers", []) else 0
-    o = causal_attention_core(q, k, v, s.get("query_scale", hd ** -0.5), s["attn_softcap"], stats, window)
+    sinks = p[prefix + ".sinks"] if s.get("attn_sinks") else None
+    o = causal_attention_core(q, k, v, s.get("query_scale", hd ** -0.5), s["attn_softcap"], stats, window, sinks)
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
+    if gate is not None:  # Qwen3NextAttention: attn_output * torch.sigmoid(gate), then o_proj
+        o = o * torch.sigmoid(gate)
     return proj("o_proj", o)
 
 
@@ -591,13 +720,28 @@ def apply_rotary_pos_emb_interleave(q, k, cos, sin):
     return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
 
 
+def apply_rotary_emb_complex(q, k, cos, sin):
+    """modeling_deepseek_v2.apply_rotary_emb: view_as_complex over (2i, 2i+1) pairs, times
+    freqs_cis = polar(1, pos * inv_freq_i) * attention_scaling, view_as_real: each pair rotated in
+    place (output stays in the interleaved layout). Written with real arithmetic:
+    (a + ib)(c + is) = (ac - bs) + i(as + bc). cos/sin [T, d] (halves repeated; the first d/2 used)."""
+    d = q.shape[-1]
+    c, sn = cos[..., : d // 2], sin[..., : d // 2]
+
+    def rot(x):
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * c - b * sn, a * sn + b * c), dim=-1).flatten(-2)
+    return rot(q), rot(k)
+
+
 def mla_softmax_scale(s):
     """DeepseekV3Attention.__init__: qk_head_dim ** -0.5, times mscale**2 when rope_scaling sets
-    mscale_all_dim."""
+    mscale_all_dim. DeepseekV2Attention.__init__: qk_head_dim ** -0.5 only (HF dropped the mscale
+    factor that DeepSeek's own modeling_deepseek.py applies)."""
     m = s["mla"]
     scaling = (m["nope"] + m["rope"]) ** (-0.5)
     sc = s["rope"]["scaling"]
-    if sc is not None:
+    if sc is not None and m.get("mscale_scale", True):
         mscale_all_dim = sc.get("mscale_all_dim", 0)
         if mscale_all_dim:
             mscale = yarn_get_mscale(sc["factor"], mscale_all_dim)
@@ -606,7 +750,9 @@ def mla_softmax_scale(s):
 
 
 def mla_attention(s, p, prefix, x, cos, sin, stats):
-    """DeepseekV3Attention.forward (modeling_deepseek_v3.py), eager path."""
+    """DeepseekV3Attention.forward (modeling_deepseek_v3.py), eager path; DeepseekV2Attention.forward
+    (modeling_deepseek_v2.py) is the same data flow with apply_rotary_emb (complex pairs) and the
+    plain scale. Both build q_a_layernorm / kv_a_layernorm without the config eps (default 1e-6)."""
     B, T, _ = x.shape
     m = s["mla"]
     nh, nope, rope, vd = s["heads"], m["nope"], m["rope"], m["v"]
@@ -628,7 +774,9 @@ def mla_attention(s, p, prefix, x, cos, sin, stats):
     k_pass = k_pass.view(B, T, nh, nope + vd).transpose(1, 2)
     k_pass, v = torch.split(k_pass, [nope, vd], dim=-1)
     k_rot = k_rot.view(B, 1, T, rope)
-    if m["interleave"]:
+    if m.get("complex_rope"):
+        q_rot, k_rot = apply_rotary_emb_complex(q_rot, k_rot, cos, sin)
+    elif m["interleave"]:
         q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
     else:
         q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
@@ -658,6 +806,79 @@ def _kth_gap(v, k):
     return (top[:, k - 1] - top[:, k]).min().item()
 
 
+# Clamp bookkeeping of gpt_oss_moe (counts of elements beyond the limit, and of gates below -limit
+# that the one-sided gate clamp leaves alone), so that the fixture can assert that both clamps bind.
+CLAMP_STATS = {"gate_hi": 0, "gate_lo": 0, "up_hi": 0, "up_lo": 0}
+
+
+def gpt_oss_moe(s, p, prefix, x):
+    """GptOssMLP.forward: GptOssTopKRouter (router_logits = x W^T + b; top-k of the logits;
+    softmax over those k values) and GptOssExperts.forward's per-expert loop: gate_up = x @
+    gate_up_proj[e] + gate_up_proj_bias[e]; gate, up = gate_up[..., ::2], gate_up[..., 1::2];
+    gate = gate.clamp(max=limit) (no lower bound); up = up.clamp(-limit, limit);
+    glu = gate * sigmoid(alpha * gate); out = ((up + 1) * glu) @ down_proj[e] + down_proj_bias[e];
+    weighted by the token's routing weight and index_add-ed. torch.clamp's gradient is zero where
+    it clamps."""
+    B, T, H = x.shape
+    h = x.reshape(-1, H)
+    E, k = s["experts"], s["top_k"]
+    limit, alpha = s["swiglu_limit"], s["swiglu_alpha"]
+    logits = F.linear(h, p[prefix + ".router.weight"], p[prefix + ".router.bias"])
+    top, idx = torch.topk(logits, k, dim=-1)
+    ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(logits.detach(), k))
+    weights = torch.softmax(top, dim=-1)
+    gu_w, gu_b = p[prefix + ".experts.gate_up_proj"], p[prefix + ".experts.gate_up_proj_bias"]
+    dn_w, dn_b = p[prefix + ".experts.down_proj"], p[prefix + ".experts.down_proj_bias"]
+    out = torch.zeros_like(h)
+    for e in range(E):
+        token_idx, slot = torch.where(idx == e)
+        if token_idx.numel() == 0:
+            continue
+        gate_up = h[token_idx] @ gu_w[e] + gu_b[e]
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        with torch.no_grad():
+            CLAMP_STATS["gate_hi"] += int((gate > limit).sum())
+            CLAMP_STATS["gate_lo"] += int((gate < -limit).sum())
+            CLAMP_STATS["up_hi"] += int((up > limit).sum())
+            CLAMP_STATS["up_lo"] += int((up < -limit).sum())
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        glu = gate * torch.sigmoid(gate * alpha)
+        ye = ((up + 1) * glu) @ dn_w[e] + dn_b[e]
+        out = out.index_add(0, token_idx, ye * weights[token_idx, slot].unsqueeze(-1))
+    return out.view(B, T, H)
+
+
+def deepseek_v2_route(s, logits):
+    """DeepseekV2Moe.route_tokens_to_experts: probabilities = softmax(logits); "greedy": top-k of
+    them; "group_limited_greedy": group score = max over the group's experts, the topk_group best
+    groups kept, the others' probabilities masked_fill(0.0), top-k of the rest. Weights = chosen
+    probabilities * routed_scaling_factor. norm_topk_prob (HF ignores it; every released V2 config
+    has it false): DeepSeek's MoEGate divides by (sum + 1e-20) instead of scaling, used here."""
+    E, k = s["experts"], s["top_k"]
+    probs = torch.softmax(logits, dim=-1)
+    with torch.no_grad():
+        choice = probs
+        if s["topk_method"] == "group_limited_greedy":
+            ng, tg = s["n_group"], s["topk_group"]
+            group_scores = probs.view(-1, ng, E // ng).max(dim=-1).values
+            if tg < ng:
+                ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(group_scores, tg))
+            group_idx = torch.topk(group_scores, k=tg, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores)
+            group_mask.scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(-1, ng, E // ng).reshape(-1, E)
+            choice = probs.masked_fill(~score_mask.bool(), 0.0)
+        ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(choice, k))
+        idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+    weights = probs.gather(1, idx)
+    if s["norm_topk"] and k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    else:
+        weights = weights * s["scaling"]
+    return weights, idx
+
+
 def moe_block(s, p, prefix, x):
     """MixtralSparseMoeBlock.forward / Qwen3MoeSparseMoeBlock.forward (softmax over experts, top-k,
     renormalized when norm_topk_prob / always for Mixtral) and Glm4MoeMoE / DeepseekV3MoE.forward
@@ -665,11 +886,15 @@ def moe_block(s, p, prefix, x):
     group score = sum of the top-2 biased scores per group; topk_group groups kept, the others
     masked_fill(0.0); top-k of the rest; weights = scores gathered, / (sum + 1e-20) when
     norm_topk_prob, * routed_scaling_factor; plus shared_experts(x))."""
+    if s["router"] == "gpt_oss":
+        return gpt_oss_moe(s, p, prefix, x)
     B, T, H = x.shape
     h = x.reshape(-1, H)
     E, k = s["experts"], s["top_k"]
     logits = F.linear(h, p[prefix + ".gate.weight"])
-    if s["router"] == "softmax":
+    if s["router"] == "deepseek_v2":
+        weights, idx = deepseek_v2_route(s, logits)
+    elif s["router"] == "softmax":
         probs = torch.softmax(logits, dim=-1)
         weights, idx = torch.topk(probs, k, dim=-1)
         ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(probs.detach(), k))

@@ -50,6 +50,8 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                     {"qkv_bias", a.qkv_bias},
                     {"o_bias", a.o_bias},
                     {"softcap", a.softcap > 0 ? json(a.softcap) : json(nullptr)},
+                    {"sinks", a.sinks},
+                    {"output_gate", a.output_gate},
                     {"query_pre_attn_scalar", a.query_pre_attn_scalar > 0 ? json(a.query_pre_attn_scalar) : json(nullptr)},
                     {"softmax_scale", attention_softmax_scale(spec)}};
   json sliding = json::array();
@@ -142,6 +144,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
                          {"form", spec.norm_unit_offset ? "x_hat*(1+w)" : spec.norm == NormKind::LayerNorm
                                                                             ? "(x-mean)/std*w+b"
                                                                             : "x_hat*w"},
+                         {"weight_decay", spec.norm_weight_decay},
                          {"placement", to_string(spec.placement)},
                          {"final_norm", spec.has_final_norm()}}},
                {"ffn", ffn},

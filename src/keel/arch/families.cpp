@@ -26,6 +26,7 @@ constexpr TensorNameTable kDecoderNames{
     .o = "model.layers.{L}.self_attn.o_proj",
     .q_norm = "model.layers.{L}.self_attn.q_norm",
     .k_norm = "model.layers.{L}.self_attn.k_norm",
+    .sinks = "model.layers.{L}.self_attn.sinks",
     .q_a = "model.layers.{L}.self_attn.q_a_proj",
     .q_a_norm = "model.layers.{L}.self_attn.q_a_layernorm",
     .q_b = "model.layers.{L}.self_attn.q_b_proj",

@@ -97,10 +97,12 @@ class LayoutBuilder {
       linear(K::O, layer, h, a.num_heads * a.v_head_dim, a.o_bias, c);
       return;
     }
-    linear(K::Q, layer, a.num_heads * a.head_dim, h, a.qkv_bias, c);
+    // Qwen3-Next's output gate: q_proj gives each head its query and its gate side by side.
+    linear(K::Q, layer, (a.output_gate ? 2 : 1) * a.num_heads * a.head_dim, h, a.qkv_bias, c);
     linear(K::K, layer, a.num_kv_heads * a.head_dim, h, a.qkv_bias, c);
     linear(K::V, layer, a.num_kv_heads * a.head_dim, h, a.qkv_bias, c);
     linear(K::O, layer, h, a.num_heads * a.head_dim, a.o_bias, c);
+    if (a.sinks) add(K::AttentionSink, TensorPart::Bare, layer, {a.num_heads}, c);
     if (a.qk_norm) {  // RMSNorm over head_dim shared by all heads, or over the full width (OLMo 2)
       norm(K::QNorm, layer, a.qk_norm_full_width ? a.num_heads * a.head_dim : a.head_dim, c, NormKind::RmsNorm);
       norm(K::KNorm, layer, a.qk_norm_full_width ? a.num_kv_heads * a.head_dim : a.head_dim, c, NormKind::RmsNorm);

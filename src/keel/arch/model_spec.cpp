@@ -114,12 +114,13 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   if (!it->is_object()) throw Error(source, "keel", "expected an object, got a " + std::string(it->type_name()));
   static const std::set<std::string> known = {"norm",         "norm_placement", "qk_norm",       "qkv_bias", "z_loss",
                                               "attn_softcap", "final_softcap",  "mla_latent_norms", "mlp",
-                                              "embed_scale"};
+                                              "embed_scale",  "attn_sinks",     "attn_output_gate"};
   for (const auto& [key, value] : it->items()) {
     if (!known.contains(key)) {
       throw Error(source, "keel." + key,
                   "unknown key; supported: norm, norm_placement, qk_norm, qkv_bias, z_loss, "
-                  "attn_softcap, final_softcap, mla_latent_norms, mlp, embed_scale");
+                  "attn_softcap, final_softcap, mla_latent_norms, mlp, embed_scale, attn_sinks, "
+                  "attn_output_gate");
     }
   }
   ConfigReader r(*it, source, "keel.");
@@ -127,7 +128,14 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
     auto norm = r.optional_string("norm", "");
     if (norm == "rmsnorm") spec.norm = NormKind::RmsNorm;
     else if (norm == "layernorm") spec.norm = NormKind::LayerNorm;
-    else r.fail("norm", "unknown norm '" + norm + "'; supported: rmsnorm, layernorm");
+    else if (norm == "rmsnorm_1p") {
+      // Qwen3-Next's zero-centred RMSNorm: x̂·(1 + w), w from 0, with weight decay.
+      spec.norm = NormKind::RmsNorm;
+      spec.norm_unit_offset = true;
+      spec.norm_weight_decay = true;
+    } else {
+      r.fail("norm", "unknown norm '" + norm + "'; supported: rmsnorm, layernorm, rmsnorm_1p");
+    }
     if (spec.norm_unit_offset && spec.norm != NormKind::RmsNorm) {
       r.fail("norm", std::string(row.model_type) + "'s norms are (1 + w) RMSNorms; LayerNorm is not available");
     }
@@ -178,6 +186,15 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
     if (row.moe != MoeLayout::Dense && spec.mlp.kind == FfnKind::Plain) {
       r.fail("mlp", "MoE families keep gated MLPs (their experts are GLUs)");
     }
+  }
+  for (const char* key : {"attn_sinks", "attn_output_gate"}) {
+    if (!r.has(key)) continue;
+    const bool on = r.optional_bool(key, false);
+    if (on && (row.mla || row.gpt2_fields)) {
+      r.fail(key, std::string("not available for ") + std::string(row.model_type) +
+                      " (its attention is not the separate q/k/v/o projections these extend)");
+    }
+    (std::string_view(key) == "attn_sinks" ? spec.attention.sinks : spec.attention.output_gate) = on;
   }
   spec.z_loss = r.optional_number("z_loss", 0.0, 0.0, 1e3);
   // The family's own caps (Gemma 2) stay unless the keel object sets others.

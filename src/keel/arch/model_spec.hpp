@@ -78,6 +78,13 @@ struct AttentionSpec {
   // Sliding-window (local) attention on the layers ModelSpec::sliding_layer marks: a query sees
   // the `sliding_window` most recent positions, its own included. 0 = every layer global.
   int64_t sliding_window = 0;
+  // gpt-oss's attention sinks: a learned logit per head in every softmax's denominator
+  // (kernels/attention_sink.hpp); keel.attn_sinks on other families.
+  bool sinks = false;
+  // Qwen3-Next's gated attention: q_proj is twice as wide, each head's second half a gate, and
+  // the attention output is multiplied by σ(gate) before o_proj (nn/output_gate.hpp);
+  // keel.attn_output_gate on other families.
+  bool output_gate = false;
   double softmax_scale() const {
     return query_pre_attn_scalar > 0 ? 1.0 / std::sqrt(query_pre_attn_scalar)
                                      : 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
@@ -126,6 +133,9 @@ struct ModelSpec {
   NormPlacement placement = NormPlacement::Pre;
   // Gemma's RMSNorm: x̂·(1 + w) with w stored and initialized at zero, instead of x̂·w.
   bool norm_unit_offset = false;
+  // Norm gains take weight decay (Qwen3-Next's zero-centred, weight-decayed norm, keel.norm =
+  // "rmsnorm_1p"): with x̂·(1 + w), decay pulls w to 0, the gain to 1.
+  bool norm_weight_decay = false;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   AttentionSpec attention;

@@ -12,7 +12,7 @@ using K = TensorKind;
 
 constexpr std::array kAllKinds = {
     K::Embedding,  K::PositionEmbedding, K::FinalNorm,  K::LmHead,     K::InputNorm,   K::PostAttentionNorm,
-    K::PreFeedforwardNorm, K::PostFeedforwardNorm, K::Q, K::K, K::V, K::O, K::Qkv, K::QNorm, K::KNorm,
+    K::PreFeedforwardNorm, K::PostFeedforwardNorm, K::Q, K::K, K::V, K::O, K::Qkv, K::QNorm, K::KNorm, K::AttentionSink,
     K::QA,         K::QANorm,            K::QB,         K::KvA,        K::KvANorm,     K::KvB,
     K::MlpGate,    K::MlpUp,             K::MlpDown,    K::Router,     K::ExpertGate,  K::ExpertUp,
     K::ExpertDown, K::SharedGate,        K::SharedUp,   K::SharedDown, K::MtpEmbedding, K::MtpENorm,
@@ -24,6 +24,7 @@ std::string_view suffix(TensorPart part) {
     case TensorPart::Weight: return ".weight";
     case TensorPart::Bias: return ".bias";
     case TensorPart::CorrectionBias: return ".e_score_correction_bias";
+    case TensorPart::Bare: return "";
   }
   return "";
 }
@@ -72,6 +73,7 @@ std::string_view to_string(TensorKind kind) {
     case K::Qkv: return "qkv";
     case K::QNorm: return "q_norm";
     case K::KNorm: return "k_norm";
+    case K::AttentionSink: return "attention_sink";
     case K::QA: return "q_a";
     case K::QANorm: return "q_a_norm";
     case K::QB: return "q_b";
@@ -115,6 +117,7 @@ std::string_view name_template(const TensorNameTable& t, TensorKind kind) {
     case K::Qkv: return t.qkv;
     case K::QNorm: return t.q_norm;
     case K::KNorm: return t.k_norm;
+    case K::AttentionSink: return t.sinks;
     case K::QA: return t.q_a;
     case K::QANorm: return t.q_a_norm;
     case K::QB: return t.q_b;
@@ -145,6 +148,7 @@ std::string tensor_name(const TensorNameTable& names, const TensorRole& role) {
   const std::string_view tmpl = name_template(names, role.kind);
   KEEL_CHECK(!tmpl.empty());
   KEEL_CHECK(!is_layer_kind(role.kind) || role.layer >= 0);
+  KEEL_CHECK(is_bare_kind(role.kind) == (role.part == TensorPart::Bare));
   std::string s(tmpl);
   replace(s, "{L}", role.layer);
   if (role.expert >= 0) replace(s, "{E}", role.expert);
@@ -153,11 +157,12 @@ std::string tensor_name(const TensorNameTable& names, const TensorRole& role) {
 }
 
 std::optional<TensorRole> parse_tensor_name(const TensorNameTable& names, std::string_view name) {
-  for (TensorPart part : {TensorPart::Weight, TensorPart::Bias, TensorPart::CorrectionBias}) {
+  for (TensorPart part : {TensorPart::Weight, TensorPart::Bias, TensorPart::CorrectionBias, TensorPart::Bare}) {
     const std::string_view suf = suffix(part);
     if (name.size() <= suf.size() || name.substr(name.size() - suf.size()) != suf) continue;
     const std::string_view stem = name.substr(0, name.size() - suf.size());
     for (TensorKind kind : kAllKinds) {
+      if (is_bare_kind(kind) != (part == TensorPart::Bare)) continue;
       const std::string_view tmpl = name_template(names, kind);
       int64_t layer = -1, expert = -1;
       if (!tmpl.empty() && match(tmpl, stem, layer, expert)) return TensorRole{kind, part, layer, expert};
@@ -175,6 +180,7 @@ bool is_layer_kind(TensorKind kind) {
       return false;
     case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm: case K::PostFeedforwardNorm:
     case K::Q: case K::K: case K::V: case K::O: case K::Qkv: case K::QNorm: case K::KNorm:
+    case K::AttentionSink:
     case K::QA: case K::QANorm: case K::QB: case K::KvA: case K::KvANorm: case K::KvB:
     case K::MlpGate: case K::MlpUp: case K::MlpDown:
     case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
@@ -190,6 +196,8 @@ bool is_expert_kind(TensorKind kind) {
   return kind == K::ExpertGate || kind == K::ExpertUp || kind == K::ExpertDown;
 }
 
+bool is_bare_kind(TensorKind kind) { return kind == K::AttentionSink; }
+
 bool is_norm_kind(TensorKind kind) {
   switch (kind) {
     case K::FinalNorm: case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm:
@@ -197,7 +205,7 @@ bool is_norm_kind(TensorKind kind) {
     case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm:
       return true;
     case K::Embedding: case K::PositionEmbedding: case K::LmHead:
-    case K::Q: case K::K: case K::V: case K::O: case K::Qkv:
+    case K::Q: case K::K: case K::V: case K::O: case K::Qkv: case K::AttentionSink:
     case K::QA: case K::QB: case K::KvA: case K::KvB:
     case K::MlpGate: case K::MlpUp: case K::MlpDown:
     case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
@@ -219,7 +227,7 @@ bool is_hidden_matrix_kind(TensorKind kind) {
       return true;
     case K::Embedding: case K::PositionEmbedding: case K::FinalNorm: case K::LmHead:
     case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm: case K::PostFeedforwardNorm:
-    case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm:
+    case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm: case K::AttentionSink:
     case K::Router:
     case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm: case K::MtpHead:
       return false;

@@ -18,6 +18,8 @@ enum class TensorKind {
   InputNorm, PostAttentionNorm, PreFeedforwardNorm, PostFeedforwardNorm,
   // Attention: separate projections, GPT-2's fused c_attn, QK-Norm gains.
   Q, K, V, O, Qkv, QNorm, KNorm,
+  // gpt-oss's per-head sink logits (self_attn.sinks, a bare nn.Parameter).
+  AttentionSink,
   // Multi-head Latent Attention (Q is q_proj when q_lora_rank is null).
   QA, QANorm, QB, KvA, KvANorm, KvB,
   // Dense FFN (Up and Down only for a plain MLP).
@@ -30,7 +32,9 @@ enum class TensorKind {
 };
 std::string_view to_string(TensorKind kind);
 
-enum class TensorPart { Weight, Bias, CorrectionBias };  // .weight / .bias / .e_score_correction_bias
+// .weight / .bias / .e_score_correction_bias; Bare: a module's own nn.Parameter, named without a
+// suffix (gpt-oss's sinks), only for the kinds is_bare_kind lists.
+enum class TensorPart { Weight, Bias, CorrectionBias, Bare };
 
 struct TensorRole {
   TensorKind kind = TensorKind::Embedding;
@@ -45,7 +49,7 @@ struct TensorRole {
 struct TensorNameTable {
   std::string_view embedding, position_embedding, final_norm, lm_head;
   std::string_view input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
-  std::string_view q, k, v, o, qkv, q_norm, k_norm;
+  std::string_view q, k, v, o, qkv, q_norm, k_norm, sinks;
   std::string_view q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;
   std::string_view mlp_gate, mlp_up, mlp_down;
   std::string_view router, expert_gate, expert_up, expert_down, shared_gate, shared_up, shared_down;
@@ -64,7 +68,8 @@ std::optional<TensorRole> parse_tensor_name(const TensorNameTable& names, std::s
 // What each kind is, for parameter counts, optimizer routing and initialization.
 bool is_layer_kind(TensorKind kind);         // needs a layer index
 bool is_expert_kind(TensorKind kind);        // needs an expert index
-bool is_norm_kind(TensorKind kind);          // a norm gain (ones at init), plus bias for LayerNorm
+bool is_norm_kind(TensorKind kind);
+bool is_bare_kind(TensorKind kind);          // stored without a part suffix (TensorPart::Bare)          // a norm gain (ones at init), plus bias for LayerNorm
 // A weight multiplied with activations (FLOP-bearing): projections, router, heads.
 bool is_matmul_kind(TensorKind kind);
 // A hidden matrix: Muon orthogonalizes it by default and AdamW decays it. Not the embeddings,

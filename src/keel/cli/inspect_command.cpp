@@ -139,7 +139,8 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
                                 : n["placement"] == "sandwich"
                                     ? "sandwich"
                                     : "post-sublayer (x + norm(f(x)))";
-  r.emplace_back("norm", n["type"].get<std::string>() + (n["form"] == "x_hat*(1+w)" ? " (1 + w)" : "") + ", eps " +
+  r.emplace_back("norm", n["type"].get<std::string>() + (n["form"] == "x_hat*(1+w)" ? " (1 + w)" : "") +
+                             (n["weight_decay"].get<bool>() ? " with weight decay" : "") + ", eps " +
                              number(n["eps"]) + ", " + placement +
                              (n["final_norm"].get<bool>() ? " + final norm" : ", no final norm"));
   const json& ffn = a["ffn"];
@@ -160,6 +161,9 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
                             : at["qk_norm_width"] == "full_width"
                                 ? std::string("yes (full width: over all heads of q and of k)")
                                 : std::string("yes (per head, over head_dim)"));
+  r.emplace_back("attention sinks", at["sinks"].get<bool>() ? "yes (a learned logit per head in every softmax)" : "no");
+  r.emplace_back("output gate", at["output_gate"].get<bool>() ? "yes (out * sigmoid(gate), gate from q_proj's second half per head)"
+                                                              : "no");
   r.emplace_back("QKV bias", yes_no(at["qkv_bias"].get<bool>()) + (at["o_bias"].get<bool>() ? " (o_proj too)" : ""));
   if (at["rope"].is_null()) {
     r.emplace_back("positions", "learned table");

@@ -190,6 +190,7 @@ TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
                         spec.norm_unit_offset);
   }
   if (!spec.tie_word_embeddings) lm_head_ = store_.add(names, {TensorKind::LmHead}, {spec.vocab_size, h});
+  if (spec.norm_weight_decay) store_.decay_norm_gains();
   store_.finalize();
   max_logits_.assign(static_cast<size_t>(spec.num_layers * spec.attention.num_heads),
                      -std::numeric_limits<float>::infinity());

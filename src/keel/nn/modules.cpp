@@ -5,9 +5,11 @@
 
 #include "keel/core/error.hpp"
 #include "keel/kernels/attention.hpp"
+#include "keel/kernels/attention_sink.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/norm.hpp"
 #include "keel/kernels/precision.hpp"
+#include "keel/nn/output_gate.hpp"
 
 namespace keel::nn {
 
@@ -127,14 +129,17 @@ Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t
     case arch::ProjectionLayout::Linear:
       break;
   }
-  wq_ = add(TensorKind::Q, TensorPart::Weight, {q_out, hidden_});
-  if (a.qkv_bias) bq_ = add(TensorKind::Q, TensorPart::Bias, {q_out});
+  output_gate_ = a.output_gate;
+  const int64_t q_proj_out = (output_gate_ ? 2 : 1) * q_out;
+  wq_ = add(TensorKind::Q, TensorPart::Weight, {q_proj_out, hidden_});
+  if (a.qkv_bias) bq_ = add(TensorKind::Q, TensorPart::Bias, {q_proj_out});
   wk_ = add(TensorKind::K, TensorPart::Weight, {kv_out, hidden_});
   if (a.qkv_bias) bk_ = add(TensorKind::K, TensorPart::Bias, {kv_out});
   wv_ = add(TensorKind::V, TensorPart::Weight, {kv_out, hidden_});
   if (a.qkv_bias) bv_ = add(TensorKind::V, TensorPart::Bias, {kv_out});
   wo_ = add(TensorKind::O, TensorPart::Weight, {hidden_, q_out});
   if (a.o_bias) bo_ = add(TensorKind::O, TensorPart::Bias, {hidden_});
+  if (a.sinks) sinks_ = add(TensorKind::AttentionSink, TensorPart::Bare, {heads_});
   if (a.qk_norm) {
     qk_norm_.emplace(store, names, layer, heads_, kv_heads_, head_dim_, static_cast<float>(spec.norm_eps),
                      a.qk_norm_full_width, spec.norm_unit_offset);
@@ -178,7 +183,14 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
     in.q_raw = q_dst = arena.alloc(static_cast<size_t>(n * q_out));
     in.k_raw = k_dst = arena.alloc(static_cast<size_t>(n * kv_out));
   }
-  kernels::linear_forward(x, store.data(wq_), opt(store, bq_), q_dst, n, hidden_, q_out);
+  if (output_gate_) {
+    float* qg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
+    kernels::linear_forward(x, store.data(wq_), opt(store, bq_), qg, n, hidden_, 2 * q_out);
+    in.gate = arena.alloc(static_cast<size_t>(n * q_out));
+    split_query_gate(qg, q_dst, in.gate, n, heads_, head_dim_);
+  } else {
+    kernels::linear_forward(x, store.data(wq_), opt(store, bq_), q_dst, n, hidden_, q_out);
+  }
   kernels::linear_forward(x, store.data(wk_), opt(store, bk_), k_dst, n, hidden_, kv_out);
   kernels::linear_forward(x, store.data(wv_), opt(store, bv_), in.v, n, hidden_, kv_out);
   if (qk_norm_) {
@@ -198,6 +210,18 @@ float* Attention::output(const ParameterStore& store, Arena& arena, const float*
   return y;
 }
 
+const float* Attention::finish(const ParameterStore& store, Arena& arena, const Inputs& in, float* out, float* lse,
+                              const kernels::AttentionDims& d) const {
+  const int64_t count = d.batch * d.seq * heads_ * head_dim_;
+  if (sinks_.valid()) kernels::attention_sink_forward(out, lse, store.data(sinks_), d);
+  kernels::round_activation(out, count);
+  if (!output_gate_) return out;
+  float* gated = arena.alloc(static_cast<size_t>(count));
+  output_gate_forward(out, in.gate, gated, count);
+  kernels::round_activation(gated, count);
+  return gated;
+}
+
 float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
@@ -211,8 +235,8 @@ float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, c
   out_ = arena.alloc(static_cast<size_t>(n * q_out));
   lse_ = arena.alloc(static_cast<size_t>(s.batch * heads_ * s.seq));
   kernels::attention_forward(saved_.q, saved_.k, saved_.v, out_, lse_, max_logit, dims(s));
-  kernels::round_activation(out_, n * q_out);
-  return output(store, arena, out_, n);
+  o_input_ = finish(store, arena, saved_, out_, lse_, dims(s));
+  return output(store, arena, o_input_, n);
 }
 
 KvCache Attention::make_cache(int64_t max_rows) const {
@@ -237,8 +261,7 @@ float* Attention::forward_incremental(const ParameterStore& store, Arena& arena,
   float* max_logit = arena.alloc(static_cast<size_t>(heads_));
   std::fill(max_logit, max_logit + heads_, 0.f);
   kernels::attention_forward(in.q, cache.keys(), cache.values(), out, lse, max_logit, d);
-  kernels::round_activation(out, n * q_out);
-  return output(store, arena, out, n);
+  return output(store, arena, finish(store, arena, in, out, lse, d), n);
 }
 
 void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s) {
@@ -246,12 +269,22 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   const bool conv1d = layout_ == arch::ProjectionLayout::Gpt2Conv1D;
   float* d_out = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
-  kernels::linear_backward(out_, store.data(wo_), dy, d_out, store.grad(wo_), opt_grad(store, bo_), n, q_out, hidden_,
-                           conv1d);
+  kernels::linear_backward(o_input_, store.data(wo_), dy, d_out, store.grad(wo_), opt_grad(store, bo_), n, q_out,
+                           hidden_, conv1d);
+  float* d_gate = nullptr;
+  if (output_gate_) {  // d_out holds ∂L/∂(out·σ(gate)) so far
+    float* d_attn = arena.alloc(static_cast<size_t>(n * q_out));
+    d_gate = arena.alloc(static_cast<size_t>(n * q_out));
+    output_gate_backward(out_, saved_.gate, d_out, d_attn, d_gate, n * q_out);
+    d_out = d_attn;
+  }
   float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dq, dk, dv, dims(s));
+  if (sinks_.valid()) {
+    kernels::attention_sink_backward(out_, lse_, store.data(sinks_), d_out, store.grad(sinks_), dims(s));
+  }
   switch (layout_) {
     case arch::ProjectionLayout::Gpt2Conv1D: {
       float* dqkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
@@ -280,7 +313,15 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     dq_proj = dq_raw;
     dk_proj = dk_raw;
   }
-  kernels::linear_backward(x_, store.data(wq_), dq_proj, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_, q_out);
+  if (output_gate_) {
+    float* dqg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
+    merge_query_gate(dq_proj, d_gate, dqg, n, heads_, head_dim_);
+    kernels::linear_backward(x_, store.data(wq_), dqg, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
+                             2 * q_out);
+  } else {
+    kernels::linear_backward(x_, store.data(wq_), dq_proj, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
+                             q_out);
+  }
   kernels::linear_backward(x_, store.data(wk_), dk_proj, dx, store.grad(wk_), opt_grad(store, bk_), n, hidden_, kv_out);
   kernels::linear_backward(x_, store.data(wv_), dv, dx, store.grad(wv_), opt_grad(store, bv_), n, hidden_, kv_out);
 }

@@ -86,10 +86,15 @@ class Attention {
   struct Inputs {
     float *q = nullptr, *k = nullptr, *v = nullptr, *q_raw = nullptr, *k_raw = nullptr;
     float *q_rstd = nullptr, *k_rstd = nullptr;
+    float* gate = nullptr;  // the output gate's pre-sigmoid values (n, heads·head_dim)
   };
   Inputs project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s) const;
   kernels::AttentionDims dims(const StepShape& s) const;
   float* output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const;
+  // What o_proj reads: the attention output, times σ(gate) with the output gate. Also applies
+  // the sinks to out and lse (in place) first.
+  const float* finish(const ParameterStore& store, Arena& arena, const Inputs& in, float* out, float* lse,
+                      const kernels::AttentionDims& d) const;
 
   arch::ProjectionLayout layout_;  // Gpt2Conv1D: fused c_attn / c_proj in [in, out] layout
   int64_t hidden_, heads_, kv_heads_, head_dim_;
@@ -99,11 +104,14 @@ class Attention {
   const kernels::RopeTable* rope_;  // null: positions are learned (GPT-2)
   ParamRef wq_, bq_, wk_, bk_, wv_, bv_, wo_, bo_;
   ParamRef w_qkv_, b_qkv_;          // GPT-2
+  ParamRef sinks_;                  // gpt-oss's per-head sink logits (attention_sink.hpp)
+  bool output_gate_ = false;        // Qwen3-Next's σ(gate) on each head's output (output_gate.hpp)
   std::optional<QkNorm> qk_norm_;
   // Saved for backward.
   const float* x_ = nullptr;
   Inputs saved_;
   float *out_ = nullptr, *lse_ = nullptr;
+  const float* o_input_ = nullptr;  // out_, or out_·σ(gate) with the output gate
 };
 
 class Mlp {

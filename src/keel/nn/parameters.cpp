@@ -35,6 +35,12 @@ void ParameterStore::set_init(ParamRef r, Init init) {
   KEEL_CHECK(false && "set_init of an unregistered parameter");
 }
 
+void ParameterStore::decay_norm_gains() {
+  for (ParamInfo& e : entries_) {
+    if (e.role && e.role->part == arch::TensorPart::Weight && arch::is_norm_kind(e.role->kind)) e.weight_decay = true;
+  }
+}
+
 ParamRef ParameterStore::add(const arch::TensorNameTable& names, const arch::TensorRole& role,
                              std::vector<int64_t> shape) {
   using arch::TensorKind;
@@ -47,6 +53,9 @@ ParamRef ParameterStore::add(const arch::TensorNameTable& names, const arch::Ten
       break;
     case TensorPart::Bias:
       r = add(name, std::move(shape), Init::Zeros, false);
+      break;
+    case TensorPart::Bare:  // gpt-oss's sinks: normal init (GptOssPreTrainedModel._init_weights), no decay
+      r = add(name, std::move(shape), Init::Normal, false);
       break;
     case TensorPart::Weight: {
       const bool norm = arch::is_norm_kind(role.kind);

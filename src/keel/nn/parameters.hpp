@@ -48,6 +48,8 @@ class ParameterStore {
   ParamRef add(const arch::TensorNameTable& names, const arch::TensorRole& role, std::vector<int64_t> shape);
   // Changes how a registered parameter is initialized (Gemma's (1 + w) norm gains start at 0).
   void set_init(ParamRef r, Init init);
+  // Every norm gain registered so far takes weight decay (keel.norm = "rmsnorm_1p").
+  void decay_norm_gains();
   // The entry registered for a role, or null.
   const ParamInfo* find(const arch::TensorRole& role) const;
   // A zero-initialized buffer (e.g. MoE's e_score_correction_bias): checkpointed and saved

@@ -130,9 +130,12 @@ QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, con
       continue;
     }
 
-    float* wq = param(store, spec, TensorKind::Q, TensorPart::Weight, l, heads * hd * hidden);
+    // With the output gate (Qwen3-Next) q_proj holds head h's query rows at h·2d and its gate
+    // rows after them; only the query rows enter the logit.
+    const int64_t q_rows_per_head = spec.attention.output_gate ? 2 * hd : hd;
+    float* wq = param(store, spec, TensorKind::Q, TensorPart::Weight, l, heads * q_rows_per_head * hidden);
     float* wk = param(store, spec, TensorKind::K, TensorPart::Weight, l, kv_heads * hd * hidden);
-    float* bq = optional_param(store, spec, TensorKind::Q, TensorPart::Bias, l, heads * hd);
+    float* bq = optional_param(store, spec, TensorKind::Q, TensorPart::Bias, l, heads * q_rows_per_head);
     float* bk = optional_param(store, spec, TensorKind::K, TensorPart::Bias, l, kv_heads * hd);
     // GQA rule. Query head h reads kv head g = h / group; its logit is s = (q_h·k_g)/√d with
     // q_h = R(W_q^h x + b_q^h), k_g = R(W_k^g x' + b_k^g), R the (linear) RoPE rotation. Scaling
@@ -150,7 +153,7 @@ QkClipReport qk_clip(nn::ParameterStore& store, const arch::ModelSpec& spec, con
       const double c = std::sqrt(gmin);
       scale_rows(wk, bk, g * hd, hd, hidden, static_cast<float>(c));
       for (int64_t h = g * group; h < (g + 1) * group; ++h)
-        scale_rows(wq, bq, h * hd, hd, hidden, static_cast<float>(gamma[static_cast<size_t>(h)] / c));
+        scale_rows(wq, bq, h * q_rows_per_head, hd, hidden, static_cast<float>(gamma[static_cast<size_t>(h)] / c));
     }
   }
   return report;

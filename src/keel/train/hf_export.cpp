@@ -104,6 +104,8 @@ std::optional<std::string> first_difference(const arch::ModelSpec& x, const arch
                            a.qk_rope_head_dim == b.qk_rope_head_dim && a.v_head_dim == b.v_head_dim},
       {"keel.mla_latent_norms", a.mla_latent_norms == b.mla_latent_norms},
       {"keel.attn_softcap", a.softcap == b.softcap},
+      {"keel.attn_sinks", a.sinks == b.sinks},
+      {"keel.attn_output_gate", a.output_gate == b.output_gate},
       {"query_pre_attn_scalar", a.query_pre_attn_scalar == b.query_pre_attn_scalar},
       {"sliding_window", effective_windows(x) == effective_windows(y)},
       {"keel.mlp", x.mlp.kind == y.mlp.kind},
@@ -189,6 +191,10 @@ void check_expressible(const arch::ModelSpec& spec) {
                                spec.family == arch::Family::Qwen3Moe;
   if (a.sliding_window > 0 && !windowed_family) {
     throw Error(src, "sliding_window", family + "'s config class has no sliding window");
+  }
+  if (a.sinks) throw Error(src, "keel.attn_sinks", family + " has no attention sinks (gpt_oss has)");
+  if (a.output_gate) {
+    throw Error(src, "keel.attn_output_gate", family + " has no attention output gate (Qwen3-Next's is not exported)");
   }
   check_family_biases_and_norms(spec);
 }
