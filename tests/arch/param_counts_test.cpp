@@ -49,7 +49,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Expected{"gemma-3-1b-it.json", 999'885'952, 999'885'952},
                       // The language model of the multimodal checkpoint (4,300,079,472 with the
                       // SigLIP tower's 416,866,032 and the projector's 2,950,272).
-                      Expected{"gemma-3-4b-it.json", 3'880'263'168, 3'880'263'168}));
+                      Expected{"gemma-3-4b-it.json", 3'880'263'168, 3'880'263'168},
+                      // As published for the checkpoint; 2.66 B active (6 of 64 routed experts + 2 shared).
+                      Expected{"deepseek-v2-lite.json", 15'706'484'224, 2'661'150'208}));
 
 TEST(ParamCounts, NonEmbeddingExcludesEmbeddingsAndHead) {
   // Qwen2.5-7B's model card: 6.53B non-embedding.

@@ -38,6 +38,30 @@ TEST(Router, SoftmaxTopKRenormalizes) {
   }(), 1e-6);
 }
 
+TEST(Router, SoftmaxGroupLimitedGreedyRanksGroupsByTheirBestExpert) {
+  // DeepSeek-V2's group_limited_greedy: 8 experts in 4 groups of 2, keep 1 group, top-2, scale 16.
+  RouterConfig c{RouterScore::Softmax, 8, 2, false, 16.f, 4, 1};
+  //                          g0         g1         g2         g3
+  const float z[8] = {2.0f, -3.0f, 1.9f, 1.8f, 0.0f, 0.0f, -1.f, -1.f};
+  // Group maxima: g0 2.0 beats g1 1.9, although g1's two experts sum higher (the top-2 sum of V3
+  // would pick g1). Inside g0 the second choice is expert 1, however small its probability.
+  float p[8], w[2];
+  int32_t idx[2];
+  router_forward(c, z, nullptr, p, idx, w, 1);
+  double sum = 0;
+  for (float x : z) sum += std::exp(double(x));
+  EXPECT_EQ(idx[0], 0);
+  EXPECT_EQ(idx[1], 1);
+  EXPECT_NEAR(w[0], 16 * std::exp(2.0) / sum, 1e-5);
+  EXPECT_NEAR(w[1], 16 * std::exp(-3.0) / sum, 1e-6);
+  // greedy (n_group 1): the two best overall, experts 0 and 2; weights are probabilities, not renormalized.
+  c.n_group = c.topk_group = 1;
+  router_forward(c, z, nullptr, p, idx, w, 1);
+  EXPECT_EQ(idx[0], 0);
+  EXPECT_EQ(idx[1], 2);
+  EXPECT_NEAR(w[1], 16 * std::exp(1.9) / sum, 1e-5);
+}
+
 TEST(Router, SigmoidGroupLimitedWithBiasForSelectionOnly) {
   // 8 experts in 4 groups of 2, keep 2 groups, top-2, normalized, scale 2.5.
   RouterConfig c{RouterScore::Sigmoid, 8, 2, true, 2.5f, 4, 2};
@@ -128,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RouterCase{"mixtral_softmax_renorm", {RouterScore::Softmax, 4, 2, true}},
                       RouterCase{"qwen3_softmax_raw", {RouterScore::Softmax, 8, 3, false}},
                       RouterCase{"deepseek_sigmoid_grouped", {RouterScore::Sigmoid, 8, 2, true, 2.5f, 4, 2}},
-                      RouterCase{"sigmoid_unnormalized", {RouterScore::Sigmoid, 6, 2, false, 1.5f, 1, 1}}),
+                      RouterCase{"sigmoid_unnormalized", {RouterScore::Sigmoid, 6, 2, false, 1.5f, 1, 1}},
+                      RouterCase{"deepseek_v2_softmax_grouped", {RouterScore::Softmax, 8, 2, false, 16.f, 4, 2}}),
     [](const ::testing::TestParamInfo<RouterCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

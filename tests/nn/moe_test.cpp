@@ -214,7 +214,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_moe_raw_topk3", "qwen3_moe.json", {"norm_topk_prob=false", "num_experts_per_tok=3"}},
                       Case{"glm4_moe", "glm4_moe.json", {}},
                       Case{"glm4_moe_grouped", "glm4_moe.json", {"n_group=4", "topk_group=2", "norm_topk_prob=false"}},
-                      Case{"deepseek_router_grouped", "glm4_moe.json", {"n_group=2", "topk_group=1", "n_shared_experts=2"}}),
+                      Case{"deepseek_router_grouped", "glm4_moe.json", {"n_group=2", "topk_group=1", "n_shared_experts=2"}},
+                      Case{"deepseek_v2", "deepseek_v2.json", {}},
+                      Case{"deepseek_v2_greedy", "deepseek_v2.json", {"topk_method=\"greedy\""}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(MoeBias, AuxLossFreeUpdateFollowsTheSignOfTheLoadGap) {

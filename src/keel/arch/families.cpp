@@ -81,6 +81,7 @@ constexpr TensorNameTable kGpt2Names{
 constexpr RouterDefaults kNoRouter{1.0, 1, 1, 0};
 constexpr RouterDefaults kDeepseekRouter{2.5, 8, 4, 3};  // DeepseekV3Config
 constexpr RouterDefaults kGlmRouter{1.0, 1, 1, 1};       // Glm4MoeConfig
+constexpr RouterDefaults kDeepseekV2Router{1.0, 1, 1, 0};  // DeepseekV2Config
 using P = ProjectionLayout;
 // train, generate, export_hf, qk_clip, muon
 constexpr FamilyCapabilities kDenseExportable{true, true, true, true, true};
@@ -103,6 +104,9 @@ constexpr std::array kFamilies = {
     FamilyRow{Family::Qwen3,      "qwen3",       "Qwen3ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
     FamilyRow{Family::Qwen3Moe,   "qwen3_moe",   "Qwen3MoeForCausalLM",    false, false, true,  "",           B::QkvoFromConfig, false, M::Qwen3Moe,   R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::Mixtral,    "mixtral",     "MixtralForCausalLM",     false, false, false, "",           B::None,           false, M::Mixtral,    R::SoftmaxTopK,    false, 1e-5, 1e6,    1.0, 0,   kNoRouter,       &kMixtralNames,  P::Linear,     "",             {}, kTrainable},
+    // DeepSeek-V2 (modeling_deepseek_v2.py): V3's MLA and names, a softmax gate without a
+    // correction bias, greedy or group-limited greedy (groups ranked by their best expert).
+    FamilyRow{Family::DeepseekV2, "deepseek_v2", "DeepseekV2ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SoftmaxGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekV2Router, &kDecoderNames, P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::DeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekRouter, &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::KimiK2,     "kimi_k2",     "DeepseekV3ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekRouter, &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::Glm4Moe,    "glm4_moe",    "Glm4MoeForCausalLM",     false, false, false, "use_qk_norm", B::QkvFromConfig, false, M::DeepseekV3, R::SigmoidGrouped, false, 1e-5, 10000,  0.5, 128, kGlmRouter,      &kDecoderNames,  P::Linear,     "",             {}, kTrainable},

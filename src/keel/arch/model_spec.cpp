@@ -19,6 +19,7 @@ std::string_view to_string(Family f) {
     case Family::Qwen3: return "qwen3";
     case Family::Qwen3Moe: return "qwen3_moe";
     case Family::Mixtral: return "mixtral";
+    case Family::DeepseekV2: return "deepseek_v2";
     case Family::DeepseekV3: return "deepseek_v3";
     case Family::KimiK2: return "kimi_k2";
     case Family::Glm4Moe: return "glm4_moe";
@@ -73,6 +74,7 @@ std::string_view to_string(RouterKind k) {
   switch (k) {
     case RouterKind::SoftmaxTopK: return "softmax top-k";
     case RouterKind::SigmoidGrouped: return "sigmoid, group-limited top-k, bias-corrected selection";
+    case RouterKind::SoftmaxGrouped: return "softmax, group-limited greedy top-k";
   }
   return "?";
 }
@@ -213,6 +215,26 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
   }
 }
 
+// DeepSeek-V2's gate (HF DeepseekV2Moe.route_tokens_to_experts; DeepSeek-V2 §2.2): softmax
+// scores, and topk_method either "greedy" (plain top-k, groups ignored) or
+// "group_limited_greedy" (keep the topk_group groups whose best expert scores highest).
+void parse_deepseek_v2_routing(const ConfigReader& r, MoeSpec& moe) {
+  const std::string scoring = r.optional_string("scoring_func", "softmax");
+  if (scoring != "softmax") r.fail("scoring_func", "deepseek_v2 routes with softmax scores, got '" + scoring + "'");
+  const std::string method = r.optional_string("topk_method", "greedy");
+  if (method == "greedy") {
+    moe.n_group = moe.topk_group = 1;
+  } else if (method != "group_limited_greedy") {
+    r.fail("topk_method", "unknown method '" + method + "'; deepseek_v2 supports greedy, group_limited_greedy");
+  }
+  // transformers' DeepseekV2Moe ignores norm_topk_prob and always scales; DeepSeek's own
+  // MoEGate renormalizes instead of scaling when it is true. Every released V2 config sets false.
+  if (moe.norm_topk_prob) {
+    r.fail("norm_topk_prob", "true is not supported for deepseek_v2 (transformers ignores it, DeepSeek's code "
+                             "renormalizes without scaling; released configs set false)");
+  }
+}
+
 void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
   MoeSpec& moe = spec.moe;
   moe.router = row.router;
@@ -260,15 +282,18 @@ void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
       moe.expert_intermediate_size = r.required_int("moe_intermediate_size", 1, kMaxDim);
       moe.num_shared_experts = r.optional_int("n_shared_experts", 1, 0, 1024);
       moe.shared_intermediate_size = moe.expert_intermediate_size * moe.num_shared_experts;
-      moe.norm_topk_prob = r.optional_bool("norm_topk_prob", true);
+      const bool v2 = row.router == RouterKind::SoftmaxGrouped;
+      moe.norm_topk_prob = r.optional_bool("norm_topk_prob", !v2);  // DeepseekV2Config: false
       const RouterDefaults& d = row.router_defaults;
       moe.routed_scaling_factor = r.optional_number("routed_scaling_factor", d.routed_scaling_factor, 0.0, 1e6, true);
       moe.n_group = r.optional_int("n_group", d.n_group, 1, kMaxExperts);
       moe.topk_group = r.optional_int("topk_group", d.topk_group, 1, kMaxExperts);
       moe.first_k_dense = r.optional_int("first_k_dense_replace", d.first_k_dense_replace, 0, kMaxLayers);
       int64_t freq = r.optional_int("moe_layer_freq", 1, 1, kMaxLayers);
-      // HF's router module always holds e_score_correction_bias (used by topk_method noaux_tc).
-      moe.score_correction_bias = true;
+      // HF's DeepSeek-V3 router always holds e_score_correction_bias (topk_method noaux_tc);
+      // DeepSeek-V2's gate has none.
+      moe.score_correction_bias = !v2;
+      if (v2) parse_deepseek_v2_routing(r, moe);
       if (moe.num_experts % moe.n_group != 0) {
         r.fail("n_group", "n_routed_experts (" + std::to_string(moe.num_experts) +
                               ") must be divisible by n_group (" + std::to_string(moe.n_group) + ")");
@@ -502,7 +527,9 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
     a.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
     a.rope.rotary_dim = a.qk_rope_head_dim;
     a.rope.partial_rotary_factor = 1.0;
-    a.rope.interleave = r.optional_bool("rope_interleave", true);
+    // DeepSeek-V2 always rotates adjacent pairs (HF apply_rotary_emb, complex form), which is
+    // V3's rope_interleave; V2's config has no such field.
+    a.rope.interleave = row.family == Family::DeepseekV2 || r.optional_bool("rope_interleave", true);
     // Every head has its own k^C and v; kv heads are the query heads.
     a.num_kv_heads = a.num_heads;
   } else {

@@ -13,7 +13,7 @@
 
 namespace keel::arch {
 
-enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV2, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
 enum class NormKind { RmsNorm, LayerNorm };
 // pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
 // sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
@@ -26,8 +26,10 @@ enum class Activation { Silu, Gelu, GeluTanh, Relu };
 enum class FfnKind { Gated, Plain };
 enum class AttentionKind { Mha, Gqa, Mqa, Mla };
 // SoftmaxTopK: Mixtral / Qwen3-MoE. SigmoidGrouped: DeepSeek-V3 / Kimi K2 / GLM-4.5
-// (sigmoid scores, correction bias for selection, group-limited top-k).
-enum class RouterKind { SoftmaxTopK, SigmoidGrouped };
+// (sigmoid scores, correction bias for selection, group-limited top-k). SoftmaxGrouped:
+// DeepSeek-V2 (softmax scores, topk_method greedy or group_limited_greedy, groups ranked by
+// their best expert, weights times routed_scaling_factor).
+enum class RouterKind { SoftmaxTopK, SigmoidGrouped, SoftmaxGrouped };
 
 std::string_view to_string(Family f);
 std::string_view to_string(NormKind k);

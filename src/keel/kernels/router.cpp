@@ -53,6 +53,21 @@ void grouped_choice(const RouterConfig& c, const float* s, const float* bias, fl
   }
 }
 
+// DeepSeek-V2's group_limited_greedy: groups ranked by their best probability
+// (HF DeepseekV2Moe: probs.view(n, n_group, -1).max(-1)), the others' experts set to 0.0.
+void softmax_group_choice(const RouterConfig& c, const float* p, float* choice, std::vector<float>& group,
+                          std::vector<int32_t>& keep, std::vector<char>& taken) {
+  const int64_t E = c.experts, per = E / c.n_group;
+  for (int64_t g = 0; g < c.n_group; ++g) group[static_cast<size_t>(g)] = *std::max_element(p + g * per, p + (g + 1) * per);
+  std::vector<char> group_taken(static_cast<size_t>(c.n_group));
+  top_k(group.data(), c.n_group, c.topk_group, keep.data(), group_taken);
+  std::fill(taken.begin(), taken.end(), 0);
+  for (int64_t j = 0; j < c.topk_group; ++j) {
+    for (int64_t i = 0; i < per; ++i) taken[static_cast<size_t>(keep[static_cast<size_t>(j)] * per + i)] = 1;
+  }
+  for (int64_t e = 0; e < E; ++e) choice[e] = taken[static_cast<size_t>(e)] ? p[e] : 0.0f;
+}
+
 }  // namespace
 
 // logits: (n, E) -> probs: (n, E), indices: (n, k), weights: (n, k)
@@ -80,7 +95,12 @@ void router_forward(const RouterConfig& c, const float* logits, const float* bia
           }
           const float inv = static_cast<float>(1.0 / sum);
           for (int64_t e = 0; e < E; ++e) p[e] *= inv;
-          top_k(p, E, k, idx, taken);
+          if (c.n_group > 1 && c.topk_group < c.n_group) {
+            softmax_group_choice(c, p, choice.data(), group, keep, taken);
+            top_k(choice.data(), E, k, idx, taken);
+          } else {
+            top_k(p, E, k, idx, taken);
+          }
           break;
         }
         case RouterScore::Sigmoid: {

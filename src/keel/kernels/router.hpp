@@ -9,6 +9,9 @@
 //     top-2 choices of each of n_group groups; keep the topk_group best groups; pick the top-k
 //     choices inside them (experts of other groups count as 0.0, as HF's masked_fill does);
 //     w = s_sel / (Σ s_sel + 1e-20) when normalize, times routed_scaling_factor.
+//   softmax, group-limited (DeepSeek-V2 group_limited_greedy; HF DeepseekV2Moe): p = softmax;
+//     group score = the group's largest p; keep the topk_group best groups (others count as 0.0),
+//     pick the top-k; w = p_sel times routed_scaling_factor. n_group 1 is plain greedy top-k.
 // Ties go to the lower index; slots are ordered by decreasing choice.
 #include <cstdint>
 
@@ -21,8 +24,8 @@ struct RouterConfig {
   int64_t experts = 0;
   int64_t top_k = 0;
   bool normalize = false;  // Mixtral: always; Qwen3-MoE / DeepSeek: norm_topk_prob
-  float scaling = 1.0f;    // routed_scaling_factor (sigmoid routers)
-  int64_t n_group = 1;     // group-limited routing (sigmoid routers)
+  float scaling = 1.0f;    // routed_scaling_factor (sigmoid routers, DeepSeek-V2)
+  int64_t n_group = 1;     // group-limited routing (sigmoid routers, DeepSeek-V2)
   int64_t topk_group = 1;
 };
 

@@ -18,6 +18,12 @@ kernels::RouterConfig router_config(const arch::MoeSpec& moe) {
     case arch::RouterKind::SoftmaxTopK:
       c.score = kernels::RouterScore::Softmax;
       break;
+    case arch::RouterKind::SoftmaxGrouped:
+      c.score = kernels::RouterScore::Softmax;
+      c.scaling = static_cast<float>(moe.routed_scaling_factor);
+      c.n_group = moe.n_group;
+      c.topk_group = moe.topk_group;
+      break;
     case arch::RouterKind::SigmoidGrouped:
       c.score = kernels::RouterScore::Sigmoid;
       c.scaling = static_cast<float>(moe.routed_scaling_factor);

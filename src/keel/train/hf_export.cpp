@@ -257,6 +257,7 @@ void check_family_biases_and_norms(const arch::ModelSpec& spec) {
       if (a.qk_norm) throw Error(src, "keel.qk_norm", "gpt2 has no q_norm/k_norm");
       if (!a.qkv_bias || !a.o_bias || !spec.mlp.bias) throw Error(src, "keel.qkv_bias", "gpt2's Conv1D layers all have biases");
       break;
+    case arch::Family::DeepseekV2:
     case arch::Family::DeepseekV3:
     case arch::Family::KimiK2:
       if (a.qkv_bias != a.o_bias) {
@@ -267,8 +268,8 @@ void check_family_biases_and_norms(const arch::ModelSpec& spec) {
       if (spec.family == arch::Family::Glm4Moe && a.o_bias) {
         throw Error(src, "keel.qkv_bias", "glm4_moe's o_proj has no bias");
       }
-      // DeepseekV3Config / Glm4MoeConfig: layer l is MoE iff l >= first_k_dense_replace (no
-      // moe_layer_freq in transformers' classes).
+      // DeepseekV2/V3Config, Glm4MoeConfig: layer l is MoE iff l >= first_k_dense_replace
+      // (transformers' decoder layers ignore moe_layer_freq).
       if (spec.moe.enabled) {
         for (int64_t l = 0; l < spec.num_layers; ++l) {
           if (spec.is_moe_layer(l) != (l >= spec.moe.first_k_dense)) {
@@ -372,6 +373,39 @@ void sigmoid_router_fields(json& c, const arch::ModelSpec& spec) {
   c["scoring_func"] = "sigmoid";
 }
 
+void mla_fields(json& c, const arch::ModelSpec& spec) {
+  const auto& a = spec.attention;
+  c["q_lora_rank"] = a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr);
+  c["kv_lora_rank"] = a.kv_lora_rank;
+  c["qk_nope_head_dim"] = a.qk_nope_head_dim;
+  c["qk_rope_head_dim"] = a.qk_rope_head_dim;
+  c["v_head_dim"] = a.v_head_dim;
+}
+
+// DeepSeek-V2's gate (DeepseekV2Config): softmax scores, greedy or group-limited greedy.
+void softmax_router_fields(json& c, const arch::ModelSpec& spec) {
+  const auto& moe = spec.moe;
+  if (!moe.enabled) {
+    c["first_k_dense_replace"] = spec.num_layers;
+    return;
+  }
+  c["n_routed_experts"] = moe.num_experts;
+  c["n_shared_experts"] = moe.num_shared_experts;
+  c["moe_intermediate_size"] = moe.expert_intermediate_size;
+  c["num_experts_per_tok"] = moe.experts_per_token;
+  c["routed_scaling_factor"] = moe.routed_scaling_factor;
+  const bool grouped = moe.n_group > 1;  // greedy reads back as n_group 1
+  c["topk_method"] = grouped ? "group_limited_greedy" : "greedy";
+  c["n_group"] = moe.n_group;
+  c["topk_group"] = moe.topk_group;
+  c["first_k_dense_replace"] = moe.first_k_dense;
+  c["moe_layer_freq"] = 1;
+  c["norm_topk_prob"] = false;
+  c["scoring_func"] = "softmax";
+  c["aux_loss_alpha"] = 0.001;
+  c["seq_aux"] = true;
+}
+
 void add_gemma_fields(json& c, const arch::ModelSpec& spec) {
   const auto& a = spec.attention;
   // Gemma2Config / Gemma3TextConfig: the MLP reads hidden_activation; null soft-caps and
@@ -449,6 +483,13 @@ void add_family_fields(json& c, const arch::ModelSpec& spec) {
       c["router_aux_loss_coef"] = 0.001;
       break;
     }
+    case arch::Family::DeepseekV2:
+      c.erase("head_dim");  // DeepseekV2Config derives it (qk_rope_head_dim)
+      c["num_key_value_heads"] = a.num_heads;
+      c["attention_bias"] = a.qkv_bias;
+      mla_fields(c, spec);
+      softmax_router_fields(c, spec);
+      break;
     case arch::Family::DeepseekV3:
     case arch::Family::KimiK2:
       c.erase("head_dim");  // DeepseekV3Config sets head_dim = qk_rope_head_dim for its rotary tables
