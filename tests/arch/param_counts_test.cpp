@@ -51,7 +51,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // SigLIP tower's 416,866,032 and the projector's 2,950,272).
                       Expected{"gemma-3-4b-it.json", 3'880'263'168, 3'880'263'168},
                       // As published for the checkpoint; 2.66 B active (6 of 64 routed experts + 2 shared).
-                      Expected{"deepseek-v2-lite.json", 15'706'484'224, 2'661'150'208}));
+                      Expected{"deepseek-v2-lite.json", 15'706'484'224, 2'661'150'208},
+                      // Dequantized (the checkpoints store the experts in MXFP4). keel's active count
+                      // includes the embedding; without it, 3,608,307,264 and 5,132,849,472: the
+                      // model card's 3.6 B and 5.1 B active.
+                      Expected{"gpt-oss-20b.json", 20'914'757'184, 4'187'440'704},
+                      Expected{"gpt-oss-120b.json", 116'829'156'672, 5'711'982'912}));
 
 TEST(ParamCounts, NonEmbeddingExcludesEmbeddingsAndHead) {
   // Qwen2.5-7B's model card: 6.53B non-embedding.

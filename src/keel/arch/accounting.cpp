@@ -51,7 +51,9 @@ Accounting account(const ModelSpec& spec, int64_t seq) {
     p.total = c.add(p.total, all);
     p.tensors = c.add(p.tensors, t.copies);
     if (t.optimizer == OptimizerGroup::Muon) p.muon = c.add(p.muon, all);
-    const int64_t used = t.component == Component::RoutedExperts ? c.mul(one, moe.experts_per_token) : all;
+    // Routed experts: k of them per token (a fused tensor holds all E along its first dim).
+    const int64_t per_expert = t.fused_experts > 0 ? one / t.fused_experts : one;
+    const int64_t used = t.component == Component::RoutedExperts ? c.mul(per_expert, moe.experts_per_token) : all;
     p.active = c.add(p.active, used);
     p.active_by_component[t.component] = c.add(p.active_by_component[t.component], used);
     if (t.matmul) p.matmul_active = c.add(p.matmul_active, used);

@@ -98,6 +98,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
   int64_t ffn_width = mlp.intermediate_size;
   switch (family_row(spec).moe) {
     case MoeLayout::Mixtral:
+    case MoeLayout::GptOss:
       if (spec.moe.enabled) ffn_width = spec.moe.expert_intermediate_size;
       break;
     case MoeLayout::Dense:
@@ -128,6 +129,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
            {"first_k_dense", m.first_k_dense},
            {"router", to_string(m.router)},
            {"norm_topk_prob", m.norm_topk_prob},
+           {"clamped_swiglu", m.gpt_oss_experts ? json({{"limit", m.swiglu_limit}, {"alpha", m.swiglu_alpha}}) : json(nullptr)},
            {"routed_scaling_factor", m.routed_scaling_factor},
            {"n_group", m.n_group},
            {"topk_group", m.topk_group},

@@ -53,6 +53,22 @@ constexpr TensorNameTable kDecoderNames{
 
 // Mixtral: the decoder's names, but the FFN is block_sparse_moe with experts w1 (gate), w3 (up),
 // w2 (down) (modeling_mixtral.py MixtralBlockSparseTop2MLP).
+// gpt-oss (modeling_gpt_oss.py): the decoder's attention names plus sinks, mlp.router with a
+// bias, and the experts fused into four bare parameters (GptOssExperts).
+constexpr TensorNameTable kGptOssNames = [] {
+  TensorNameTable t = kDecoderNames;
+  t.router = "model.layers.{L}.mlp.router";
+  t.expert_gate = t.expert_up = t.expert_down = "";
+  t.shared_gate = t.shared_up = t.shared_down = "";
+  t.experts_gate_up = "model.layers.{L}.mlp.experts.gate_up_proj";
+  t.experts_gate_up_bias = "model.layers.{L}.mlp.experts.gate_up_proj_bias";
+  t.experts_down = "model.layers.{L}.mlp.experts.down_proj";
+  t.experts_down_bias = "model.layers.{L}.mlp.experts.down_proj_bias";
+  t.q_a = t.q_a_norm = t.q_b = t.kv_a = t.kv_a_norm = t.kv_b = "";
+  t.mtp_embedding = t.mtp_enorm = t.mtp_hnorm = t.mtp_eh_proj = t.mtp_head_norm = t.mtp_head = "";
+  return t;
+}();
+
 constexpr TensorNameTable kMixtralNames = [] {
   TensorNameTable t = kDecoderNames;
   t.router = "model.layers.{L}.block_sparse_moe.gate";
@@ -92,6 +108,8 @@ constexpr FamilyCapabilities kGpt2Supports{true, true, true, false, true};  // Q
 constexpr FamilyCapabilities kOlmo2Supports{true, true, true, false, true};
 // Gemma 2: soft-capped logits are bounded already and QK-Clip's rescaling is not what Gemma does.
 constexpr FamilyCapabilities kGemma2Supports{true, true, true, false, true};
+// gpt-oss: its fused [E, in, out] expert stacks are not the 2-D matrices Muon orthogonalizes.
+constexpr FamilyCapabilities kGptOssSupports{true, true, true, true, false};
 
 // Defaults follow each family's transformers Config class (e.g. Qwen3Config.head_dim = 128,
 // Glm4MoeConfig.partial_rotary_factor = 0.5, MixtralConfig.rope_theta = 1e6).
@@ -104,6 +122,10 @@ constexpr std::array kFamilies = {
     FamilyRow{Family::Qwen3,      "qwen3",       "Qwen3ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
     FamilyRow{Family::Qwen3Moe,   "qwen3_moe",   "Qwen3MoeForCausalLM",    false, false, true,  "",           B::QkvoFromConfig, false, M::Qwen3Moe,   R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
     FamilyRow{Family::Mixtral,    "mixtral",     "MixtralForCausalLM",     false, false, false, "",           B::None,           false, M::Mixtral,    R::SoftmaxTopK,    false, 1e-5, 1e6,    1.0, 0,   kNoRouter,       &kMixtralNames,  P::Linear,     "",             {}, kTrainable},
+    // gpt-oss (modeling_gpt_oss.py, GptOssConfig defaults): sinks in every softmax, biases on q/k/v/o
+    // (attention_bias true), sliding windows of 128 on even layers, YaRN, a biased router whose
+    // top-k logits are softmaxed, fused experts with the clamped SwiGLU, untied head.
+    FamilyRow{Family::GptOss,     "gpt_oss",     "GptOssForCausalLM",      false, false, false, "",           B::QkvoFromConfig, false, M::GptOss,      R::SoftmaxTopK,    false, 1e-5, 150000, 1.0, 64,  kNoRouter,       &kGptOssNames,   P::Linear,     "",             {}, kGptOssSupports, NormPlacement::Pre, false, false, true, true},
     // DeepSeek-V2 (modeling_deepseek_v2.py): V3's MLA and names, a softmax gate without a
     // correction bias, greedy or group-limited greedy (groups ranked by their best expert).
     FamilyRow{Family::DeepseekV2, "deepseek_v2", "DeepseekV2ForCausalLM",  false, true,  false, "",           B::MlaFromConfig,  false, M::DeepseekV3, R::SoftmaxGrouped, false, 1e-6, 10000,  1.0, 0,   kDeepseekV2Router, &kDecoderNames, P::Linear,     "",             {}, kTrainable},

@@ -28,6 +28,7 @@ enum class MoeLayout {
   Dense,        // no experts
   Mixtral,      // every layer: block_sparse_moe with experts.{e}.w1/w2/w3
   Qwen3Moe,     // mlp.experts.{e}.*, decoder_sparse_step, mlp_only_layers
+  GptOss,       // every layer: mlp.router (with bias), fused mlp.experts.gate_up_proj / down_proj
   DeepseekV3,   // mlp.experts.{e}.*, shared_experts, first_k_dense_replace, gate bias
 };
 
@@ -87,6 +88,9 @@ struct FamilyRow {
   // norms, embeddings times √hidden, query_pre_attn_scalar, soft-caps and alternating sliding
   // windows read from their own config fields (model_spec.cpp, spec_from_gemma_fields).
   bool gemma_fields = false;
+  // gpt-oss: attention_bias defaults to true (GptOssConfig) and every layer has sinks.
+  bool default_attention_bias = false;
+  bool attention_sinks = false;
 };
 
 std::span<const FamilyRow> family_table();

@@ -53,7 +53,7 @@ class LayoutBuilder {
     e.shape = std::move(shape);
     e.component = override_ ? *override_ : c;
     e.copies = copies;
-    const bool weight = part == TensorPart::Weight;
+    const bool weight = part == TensorPart::Weight || part == TensorPart::Bare;
     e.matmul = weight && is_matmul_kind(kind);
     e.optimizer = weight && is_hidden_matrix_kind(kind) ? OptimizerGroup::Muon : OptimizerGroup::AdamW;
     out_.push_back(std::move(e));
@@ -112,6 +112,10 @@ class LayoutBuilder {
   // Routed experts (and shared experts and the correction bias where the family has them).
   void moe(int64_t layer, Component router, Component experts, Component shared) {
     const auto& moe = s_.moe;
+    if (moe.gpt_oss_experts) {
+      gpt_oss_experts(layer, router, experts);
+      return;
+    }
     linear(K::Router, layer, moe.num_experts, s_.hidden_size, false, router);
     if (moe.score_correction_bias) add(K::Router, TensorPart::CorrectionBias, layer, {moe.num_experts}, router);
     gated_mlp(K::ExpertGate, K::ExpertUp, K::ExpertDown, layer, moe.expert_intermediate_size, false, experts,
@@ -119,6 +123,17 @@ class LayoutBuilder {
     if (moe.num_shared_experts > 0) {
       gated_mlp(K::SharedGate, K::SharedUp, K::SharedDown, layer, moe.shared_intermediate_size, false, shared);
     }
+  }
+
+  // gpt-oss (GptOssTopKRouter, GptOssExperts): a biased router and four fused expert tensors.
+  void gpt_oss_experts(int64_t layer, Component router, Component experts) {
+    const int64_t E = s_.moe.num_experts, F = s_.moe.expert_intermediate_size, h = s_.hidden_size;
+    linear(K::Router, layer, E, h, true, router);
+    add(K::ExpertsGateUp, TensorPart::Bare, layer, {E, h, 2 * F}, experts);
+    add(K::ExpertsGateUpBias, TensorPart::Bare, layer, {E, 2 * F}, experts);
+    add(K::ExpertsDown, TensorPart::Bare, layer, {E, F, h}, experts);
+    add(K::ExpertsDownBias, TensorPart::Bare, layer, {E, h}, experts);
+    for (size_t i = out_.size() - 4; i < out_.size(); ++i) out_[i].fused_experts = E;
   }
 
   void ffn(int64_t layer) {

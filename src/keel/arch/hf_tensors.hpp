@@ -39,6 +39,7 @@ struct TensorEntry {
   std::vector<int64_t> shape;
   Component component;
   int64_t copies = 1;            // experts sharing this template, 1 otherwise
+  int64_t fused_experts = 0;     // > 0: one tensor holding that many experts along dim 0 (gpt-oss)
   bool matmul = false;           // a weight multiplied with activations (a FLOP-bearing matrix)
   OptimizerGroup optimizer = OptimizerGroup::AdamW;  // default routing (issue: Muon on hidden matrices)
 

@@ -19,6 +19,7 @@ std::string_view to_string(Family f) {
     case Family::Qwen3: return "qwen3";
     case Family::Qwen3Moe: return "qwen3_moe";
     case Family::Mixtral: return "mixtral";
+    case Family::GptOss: return "gpt_oss";
     case Family::DeepseekV2: return "deepseek_v2";
     case Family::DeepseekV3: return "deepseek_v3";
     case Family::KimiK2: return "kimi_k2";
@@ -251,6 +252,20 @@ void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
       std::fill(moe.moe_layer.begin(), moe.moe_layer.end(), true);
       break;
     }
+    case MoeLayout::GptOss: {
+      // GptOssConfig: every layer routed; the experts' width is intermediate_size. HF reads
+      // num_experts_per_tok (released configs also carry experts_per_token, which it ignores).
+      moe.enabled = true;
+      moe.gpt_oss_experts = true;
+      moe.num_experts = r.required_int("num_local_experts", 1, kMaxExperts);
+      moe.experts_per_token = r.required_int("num_experts_per_tok", 1, kMaxExperts);
+      moe.expert_intermediate_size = spec.mlp.intermediate_size;
+      moe.norm_topk_prob = true;  // softmax over the k chosen logits = the renormalized top-k softmax
+      moe.swiglu_limit = r.optional_number("swiglu_limit", 7.0, 0.0, 1e6, true);
+      moe.swiglu_alpha = r.optional_number("swiglu_alpha", 1.702, 0.0, 1e6, true);
+      std::fill(moe.moe_layer.begin(), moe.moe_layer.end(), true);
+      break;
+    }
     case MoeLayout::Qwen3Moe: {
       moe.num_experts = r.optional_int("num_experts", 0, 0, kMaxExperts);
       moe.enabled = moe.num_experts > 0;
@@ -454,6 +469,11 @@ void parse_decoder_window(const ConfigReader& r, ModelSpec& spec) {
       for (int64_t l = 0; l < spec.num_layers; ++l) spec.sliding_layer[static_cast<size_t>(l)] = l >= first;
       return;
     }
+    case Family::GptOss:
+      // GptOssConfig: sliding_window 128 on layer_types' sliding layers, by default the even ones.
+      a.sliding_window = optional_window(r, 128);
+      parse_layer_types(r, spec, 2);
+      return;
     default:
       return;
   }
@@ -503,7 +523,7 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   }
   a.rope.partial_rotary_factor = r.optional_number("partial_rotary_factor", row.default_partial_rotary, 0.0, 1.0, true);
 
-  bool attention_bias = r.optional_bool("attention_bias", false);
+  bool attention_bias = r.optional_bool("attention_bias", row.default_attention_bias);
   switch (row.attention_bias) {
     case AttentionBiasRule::Gpt2: a.qkv_bias = a.o_bias = true; break;
     case AttentionBiasRule::None: break;
@@ -515,6 +535,7 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
   a.qk_norm = row.qk_norm_always ||
               (!row.qk_norm_field.empty() && r.optional_bool(std::string(row.qk_norm_field), false));
   a.qk_norm_full_width = row.qk_norm_full_width;
+  a.sinks = row.attention_sinks;
 
   if (row.mla) {
     a.kind = AttentionKind::Mla;

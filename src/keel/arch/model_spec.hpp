@@ -13,7 +13,7 @@
 
 namespace keel::arch {
 
-enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV2, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, GptOss, DeepseekV2, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
 enum class NormKind { RmsNorm, LayerNorm };
 // pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
 // sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
@@ -118,6 +118,13 @@ struct MoeSpec {
   bool score_correction_bias = false;    // gate.e_score_correction_bias stored
   int64_t first_k_dense = 0;             // first_k_dense_replace
   std::vector<bool> moe_layer;           // per decoder layer: routed experts or dense MLP
+  // gpt-oss's experts (HF GptOssExperts): gate_up_proj fused over all experts and stored
+  // [E, hidden, 2·width] with gate and up interleaved, down_proj [E, width, hidden], a bias on
+  // each, and the clamped SwiGLU (up + 1)·g·σ(α·g) with g = min(gate, limit), up clamped to
+  // ±limit (kernels/clamped_swiglu.hpp); the router is a linear layer with a bias.
+  bool gpt_oss_experts = false;
+  double swiglu_limit = 7.0;
+  double swiglu_alpha = 1.702;
 };
 
 struct ModelSpec {

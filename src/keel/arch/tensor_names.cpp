@@ -15,7 +15,8 @@ constexpr std::array kAllKinds = {
     K::PreFeedforwardNorm, K::PostFeedforwardNorm, K::Q, K::K, K::V, K::O, K::Qkv, K::QNorm, K::KNorm, K::AttentionSink,
     K::QA,         K::QANorm,            K::QB,         K::KvA,        K::KvANorm,     K::KvB,
     K::MlpGate,    K::MlpUp,             K::MlpDown,    K::Router,     K::ExpertGate,  K::ExpertUp,
-    K::ExpertDown, K::SharedGate,        K::SharedUp,   K::SharedDown, K::MtpEmbedding, K::MtpENorm,
+    K::ExpertDown, K::SharedGate,        K::SharedUp,   K::SharedDown, K::ExpertsGateUp, K::ExpertsGateUpBias,
+    K::ExpertsDown, K::ExpertsDownBias, K::MtpEmbedding, K::MtpENorm,
     K::MtpHNorm,   K::MtpEhProj,         K::MtpHeadNorm, K::MtpHead,
 };
 
@@ -90,6 +91,10 @@ std::string_view to_string(TensorKind kind) {
     case K::SharedGate: return "shared_gate";
     case K::SharedUp: return "shared_up";
     case K::SharedDown: return "shared_down";
+    case K::ExpertsGateUp: return "experts_gate_up";
+    case K::ExpertsGateUpBias: return "experts_gate_up_bias";
+    case K::ExpertsDown: return "experts_down";
+    case K::ExpertsDownBias: return "experts_down_bias";
     case K::MtpEmbedding: return "mtp_embedding";
     case K::MtpENorm: return "mtp_enorm";
     case K::MtpHNorm: return "mtp_hnorm";
@@ -134,6 +139,10 @@ std::string_view name_template(const TensorNameTable& t, TensorKind kind) {
     case K::SharedGate: return t.shared_gate;
     case K::SharedUp: return t.shared_up;
     case K::SharedDown: return t.shared_down;
+    case K::ExpertsGateUp: return t.experts_gate_up;
+    case K::ExpertsGateUpBias: return t.experts_gate_up_bias;
+    case K::ExpertsDown: return t.experts_down;
+    case K::ExpertsDownBias: return t.experts_down_bias;
     case K::MtpEmbedding: return t.mtp_embedding;
     case K::MtpENorm: return t.mtp_enorm;
     case K::MtpHNorm: return t.mtp_hnorm;
@@ -185,6 +194,7 @@ bool is_layer_kind(TensorKind kind) {
     case K::MlpGate: case K::MlpUp: case K::MlpDown:
     case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
     case K::SharedGate: case K::SharedUp: case K::SharedDown:
+    case K::ExpertsGateUp: case K::ExpertsGateUpBias: case K::ExpertsDown: case K::ExpertsDownBias:
     case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpEhProj: case K::MtpHeadNorm:
     case K::MtpHead:
       return true;
@@ -196,7 +206,12 @@ bool is_expert_kind(TensorKind kind) {
   return kind == K::ExpertGate || kind == K::ExpertUp || kind == K::ExpertDown;
 }
 
-bool is_bare_kind(TensorKind kind) { return kind == K::AttentionSink; }
+bool is_bare_kind(TensorKind kind) {
+  return kind == K::AttentionSink || kind == K::ExpertsGateUp || kind == K::ExpertsGateUpBias ||
+         kind == K::ExpertsDown || kind == K::ExpertsDownBias;
+}
+
+bool is_bare_bias_kind(TensorKind kind) { return kind == K::ExpertsGateUpBias || kind == K::ExpertsDownBias; }
 
 bool is_norm_kind(TensorKind kind) {
   switch (kind) {
@@ -210,6 +225,7 @@ bool is_norm_kind(TensorKind kind) {
     case K::MlpGate: case K::MlpUp: case K::MlpDown:
     case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
     case K::SharedGate: case K::SharedUp: case K::SharedDown:
+    case K::ExpertsGateUp: case K::ExpertsGateUpBias: case K::ExpertsDown: case K::ExpertsDownBias:
     case K::MtpEmbedding: case K::MtpEhProj: case K::MtpHead:
       return false;
   }
@@ -228,6 +244,8 @@ bool is_hidden_matrix_kind(TensorKind kind) {
     case K::Embedding: case K::PositionEmbedding: case K::FinalNorm: case K::LmHead:
     case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm: case K::PostFeedforwardNorm:
     case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm: case K::AttentionSink:
+    // Fused [E, in, out] stacks: Muon orthogonalizes 2-D matrices, and gpt-oss trains with AdamW.
+    case K::ExpertsGateUp: case K::ExpertsGateUpBias: case K::ExpertsDown: case K::ExpertsDownBias:
     case K::Router:
     case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm: case K::MtpHead:
       return false;
@@ -236,7 +254,8 @@ bool is_hidden_matrix_kind(TensorKind kind) {
 }
 
 bool is_matmul_kind(TensorKind kind) {
-  return is_hidden_matrix_kind(kind) || kind == K::Router || kind == K::LmHead || kind == K::MtpHead;
+  return is_hidden_matrix_kind(kind) || kind == K::Router || kind == K::LmHead || kind == K::MtpHead ||
+         kind == K::ExpertsGateUp || kind == K::ExpertsDown;
 }
 
 }  // namespace keel::arch

@@ -26,6 +26,9 @@ enum class TensorKind {
   MlpGate, MlpUp, MlpDown,
   // Mixture of experts: router, routed experts (need an expert index), shared experts.
   Router, ExpertGate, ExpertUp, ExpertDown, SharedGate, SharedUp, SharedDown,
+  // gpt-oss's experts, fused over all experts of a layer (bare parameters, [in, out] per expert):
+  // gate_up_proj [E, hidden, 2·width], its bias [E, 2·width], down_proj [E, width, hidden], its bias.
+  ExpertsGateUp, ExpertsGateUpBias, ExpertsDown, ExpertsDownBias,
   // DeepSeek-V3's multi-token-prediction module (layer = num_layers + k); its decoder layer
   // uses the kinds above at the same layer index.
   MtpEmbedding, MtpENorm, MtpHNorm, MtpEhProj, MtpHeadNorm, MtpHead,
@@ -53,6 +56,7 @@ struct TensorNameTable {
   std::string_view q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;
   std::string_view mlp_gate, mlp_up, mlp_down;
   std::string_view router, expert_gate, expert_up, expert_down, shared_gate, shared_up, shared_down;
+  std::string_view experts_gate_up, experts_gate_up_bias, experts_down, experts_down_bias;
   std::string_view mtp_embedding, mtp_enorm, mtp_hnorm, mtp_eh_proj, mtp_head_norm, mtp_head;
 };
 
@@ -69,7 +73,8 @@ std::optional<TensorRole> parse_tensor_name(const TensorNameTable& names, std::s
 bool is_layer_kind(TensorKind kind);         // needs a layer index
 bool is_expert_kind(TensorKind kind);        // needs an expert index
 bool is_norm_kind(TensorKind kind);
-bool is_bare_kind(TensorKind kind);          // stored without a part suffix (TensorPart::Bare)          // a norm gain (ones at init), plus bias for LayerNorm
+bool is_bare_kind(TensorKind kind);          // stored without a part suffix (TensorPart::Bare)
+bool is_bare_bias_kind(TensorKind kind);     // a bare parameter that is a bias (zeros at init, no decay)          // a norm gain (ones at init), plus bias for LayerNorm
 // A weight multiplied with activations (FLOP-bearing): projections, router, heads.
 bool is_matmul_kind(TensorKind kind);
 // A hidden matrix: Muon orthogonalizes it by default and AdamW decays it. Not the embeddings,

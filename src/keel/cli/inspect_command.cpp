@@ -161,6 +161,12 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
                             : at["qk_norm_width"] == "full_width"
                                 ? std::string("yes (full width: over all heads of q and of k)")
                                 : std::string("yes (per head, over head_dim)"));
+  if (!a["moe"].is_null() && !a["moe"]["clamped_swiglu"].is_null()) {
+    const json& cs = a["moe"]["clamped_swiglu"];
+    r.emplace_back("experts", "clamped SwiGLU (up + 1)*g*sigmoid(" + number(cs["alpha"]) + "*g), g = min(gate, " +
+                                  number(cs["limit"]) + "), up in +-" + number(cs["limit"]) +
+                                  "; biases; fused gate_up (interleaved)");
+  }
   r.emplace_back("attention sinks", at["sinks"].get<bool>() ? "yes (a learned logit per head in every softmax)" : "no");
   r.emplace_back("output gate", at["output_gate"].get<bool>() ? "yes (out * sigmoid(gate), gate from q_proj's second half per head)"
                                                               : "no");

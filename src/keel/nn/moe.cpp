@@ -45,6 +45,20 @@ Moe::Moe(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer)
   const arch::TensorNameTable& names = *arch::family_row(spec).names;
   // The router is a matrix but not a hidden one: it stays with AdamW (is_hidden_matrix_kind).
   gate_ = store.add(names, {TensorKind::Router, TensorPart::Weight, layer}, {moe.num_experts, hidden_});
+  load_.assign(static_cast<size_t>(moe.num_experts), 0.0f);
+  pending_counts_.assign(static_cast<size_t>(moe.num_experts), 0);
+  if (moe.gpt_oss_experts) {
+    // GptOssTopKRouter and GptOssExperts, in the layout order of arch/hf_tensors.cpp.
+    fused_ = true;
+    swiglu_ = {static_cast<float>(moe.swiglu_alpha), static_cast<float>(moe.swiglu_limit)};
+    const int64_t E = moe.num_experts, C = hidden_, F = width_;
+    router_bias_ = store.add(names, {TensorKind::Router, TensorPart::Bias, layer}, {E});
+    gate_up_ = store.add(names, {TensorKind::ExpertsGateUp, TensorPart::Bare, layer}, {E, C, 2 * F});
+    gate_up_bias_ = store.add(names, {TensorKind::ExpertsGateUpBias, TensorPart::Bare, layer}, {E, 2 * F});
+    down_ = store.add(names, {TensorKind::ExpertsDown, TensorPart::Bare, layer}, {E, F, C});
+    down_bias_ = store.add(names, {TensorKind::ExpertsDownBias, TensorPart::Bare, layer}, {E, C});
+    return;
+  }
   if (moe.score_correction_bias) {
     bias_ = store.add(names, {TensorKind::Router, TensorPart::CorrectionBias, layer}, {moe.num_experts});
   }
@@ -66,8 +80,12 @@ Moe::Moe(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer)
     shared_refs_ = {ref(TensorKind::SharedGate), ref(TensorKind::SharedUp), ref(TensorKind::SharedDown)};
     shared_width_ = moe.shared_intermediate_size;
   }
-  load_.assign(static_cast<size_t>(moe.num_experts), 0.0f);
-  pending_counts_.assign(static_cast<size_t>(moe.num_experts), 0);
+}
+
+Moe::FusedExpert Moe::fused_expert(const ParameterStore& store, int64_t e) const {
+  const int64_t C = hidden_, F = width_;
+  return {store.data(gate_up_) + e * C * 2 * F, store.data(gate_up_bias_) + e * 2 * F, store.data(down_) + e * F * C,
+          store.data(down_bias_) + e * C};
 }
 
 void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, float* probs, float* weights,
@@ -78,7 +96,8 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
     // The router stays fp32 in bf16 mixed precision: a rounded logit can flip a top-k choice,
     // and DeepSeek-V3 keeps its gating in fp32 for the same reason (arXiv:2412.19437 §3.3.1).
     kernels::PrecisionScope fp32(kernels::Precision::Fp32);
-    kernels::linear_forward(x, store.data(gate_), nullptr, logits.data(), n, C, E);
+    kernels::linear_forward(x, store.data(gate_), router_bias_.valid() ? store.data(router_bias_) : nullptr,
+                            logits.data(), n, C, E);
   }
   r.indices.resize(static_cast<size_t>(rows));
   kernels::router_forward(router_, logits.data(), bias_.valid() ? store.data(bias_) : nullptr, probs, r.indices.data(),
@@ -105,6 +124,13 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
     if (m == 0) continue;
+    if (fused_) {  // gu = x·W_gu + b (interleaved gate/up), h = clamped SwiGLU, y = h·W_d + b
+      const FusedExpert w = fused_expert(store, e);
+      kernels::linear_forward(xg + r0 * C, w.gate_up, w.gate_up_bias, g + r0 * 2 * F, m, C, 2 * F, true);
+      kernels::clamped_swiglu_forward(g + r0 * 2 * F, h + r0 * F, m, F, swiglu_);
+      kernels::linear_forward(h + r0 * F, w.down, w.down_bias, ye + r0 * C, m, F, C, true);
+      continue;
+    }
     const Expert& w = experts_[static_cast<size_t>(e)];
     kernels::linear_forward(xg + r0 * C, store.data(w.gate), nullptr, g + r0 * F, m, C, F);
     kernels::linear_forward(xg + r0 * C, store.data(w.up), nullptr, u + r0 * F, m, C, F);
@@ -133,7 +159,7 @@ float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t
   probs_ = arena.alloc(static_cast<size_t>(n * E));
   weights_ = arena.alloc(static_cast<size_t>(rows));
   xg_ = arena.alloc(static_cast<size_t>(rows * C));
-  g_ = arena.alloc(static_cast<size_t>(rows * F));
+  g_ = arena.alloc(static_cast<size_t>(rows * gate_cols()));
   u_ = arena.alloc(static_cast<size_t>(rows * F));
   h_ = arena.alloc(static_cast<size_t>(rows * F));
   ye_ = arena.alloc(static_cast<size_t>(rows * C));
@@ -151,7 +177,7 @@ float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t
 void Moe::infer(const ParameterStore& store, const float* x, float* y, int64_t n) const {
   const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
   auto buf = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
-  auto probs = buf(n * E), weights = buf(rows), xg = buf(rows * C), g = buf(rows * F), u = buf(rows * F),
+  auto probs = buf(n * E), weights = buf(rows), xg = buf(rows * C), g = buf(rows * gate_cols()), u = buf(rows * F),
        h = buf(rows * F), ye = buf(rows * C);
   Routing r;
   route_and_run(store, x, n, probs.data(), weights.data(), r, xg.data(), g.data(), u.data(), h.data(), ye.data());
@@ -191,12 +217,24 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   }
 
   float* dh = arena.alloc_zeroed(static_cast<size_t>(rows * F));
-  float* dg = arena.alloc_zeroed(static_cast<size_t>(rows * F));
+  float* dg = arena.alloc_zeroed(static_cast<size_t>(rows * gate_cols()));
   float* du = arena.alloc_zeroed(static_cast<size_t>(rows * F));
   float* dxg = arena.alloc_zeroed(static_cast<size_t>(rows * C));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
     if (m == 0) continue;
+    if (fused_) {
+      const FusedExpert w = fused_expert(store, e);
+      float* d_gate_up = store.grad(gate_up_) + e * C * 2 * F;
+      float* d_gate_up_bias = store.grad(gate_up_bias_) + e * 2 * F;
+      float* d_down = store.grad(down_) + e * F * C;
+      float* d_down_bias = store.grad(down_bias_) + e * C;
+      kernels::linear_backward(h_ + r0 * F, w.down, dye + r0 * C, dh + r0 * F, d_down, d_down_bias, m, F, C, true);
+      kernels::clamped_swiglu_backward(g_ + r0 * 2 * F, dh + r0 * F, dg + r0 * 2 * F, m, F, swiglu_);
+      kernels::linear_backward(xg_ + r0 * C, w.gate_up, dg + r0 * 2 * F, dxg + r0 * C, d_gate_up, d_gate_up_bias, m, C,
+                               2 * F, true);
+      continue;
+    }
     const Expert& w = experts_[static_cast<size_t>(e)];
     kernels::linear_backward(h_ + r0 * F, store.data(w.down), dye + r0 * C, dh + r0 * F, store.grad(w.down), nullptr,
                              m, F, C);
@@ -220,7 +258,8 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   float* dlogits = arena.alloc_zeroed(static_cast<size_t>(n * E));
   kernels::router_backward(router_, probs_, r.indices.data(), weights_, dweights, dlogits, n);
   kernels::PrecisionScope fp32(kernels::Precision::Fp32);  // the router is fp32 (see route_and_run)
-  kernels::linear_backward(x_, store.data(gate_), dlogits, dx, store.grad(gate_), nullptr, n, C, E);
+  kernels::linear_backward(x_, store.data(gate_), dlogits, dx, store.grad(gate_),
+                           router_bias_.valid() ? store.grad(router_bias_) : nullptr, n, C, E);
 }
 
 void Moe::accumulate_counts() {

@@ -17,6 +17,7 @@
 #include "keel/arch/model_spec.hpp"
 #include "keel/core/arena.hpp"
 #include "keel/kernels/activation.hpp"
+#include "keel/kernels/clamped_swiglu.hpp"
 #include "keel/kernels/router.hpp"
 #include "keel/nn/modules.hpp"
 #include "keel/nn/parameters.hpp"
@@ -73,10 +74,22 @@ class Moe {
                      float* xg, float* g, float* u, float* h, float* ye) const;
   // y (n, hidden) += Σ_slot weight · expert output, per token in slot order.
   void combine(const Routing& r, const float* weights, const float* ye, float* y, int64_t n) const;
+  // gpt-oss: one expert's slice of the fused stacks ([in, out] each) and its biases.
+  struct FusedExpert {
+    const float *gate_up, *gate_up_bias, *down, *down_bias;
+  };
+  FusedExpert fused_expert(const ParameterStore& store, int64_t e) const;
+  // Columns of the gate buffer per row: width, or 2·width for gpt-oss's interleaved gate_up.
+  int64_t gate_cols() const { return fused_ ? 2 * width_ : width_; }
+
   kernels::RouterConfig router_;
   int64_t hidden_, width_;
   kernels::Activation act_;
   ParamRef gate_, bias_;
+  ParamRef router_bias_;  // gpt-oss's mlp.router.bias: part of the logits, trained
+  bool fused_ = false;    // gpt-oss's fused experts with the clamped SwiGLU
+  kernels::ClampedSwiglu swiglu_;
+  ParamRef gate_up_, gate_up_bias_, down_, down_bias_;
   std::vector<Expert> experts_;
   std::optional<Mlp> shared_;
   Expert shared_refs_;  // the shared expert's weights, for infer()

@@ -54,8 +54,11 @@ ParamRef ParameterStore::add(const arch::TensorNameTable& names, const arch::Ten
     case TensorPart::Bias:
       r = add(name, std::move(shape), Init::Zeros, false);
       break;
-    case TensorPart::Bare:  // gpt-oss's sinks: normal init (GptOssPreTrainedModel._init_weights), no decay
-      r = add(name, std::move(shape), Init::Normal, false);
+    case TensorPart::Bare:
+      // gpt-oss (GptOssPreTrainedModel._init_weights): sinks and the fused expert matrices
+      // normal, their biases zero; the matrices decay like every matmul weight.
+      r = add(name, std::move(shape), arch::is_bare_bias_kind(role.kind) ? Init::Zeros : Init::Normal,
+              arch::is_matmul_kind(role.kind));
       break;
     case TensorPart::Weight: {
       const bool norm = arch::is_norm_kind(role.kind);

@@ -121,6 +121,8 @@ std::optional<std::string> first_difference(const arch::ModelSpec& x, const arch
       {"routed_scaling_factor", m.routed_scaling_factor == n.routed_scaling_factor},
       {"n_group", m.n_group == n.n_group && m.topk_group == n.topk_group},
       {"moe_layer_freq", m.moe_layer == n.moe_layer},
+      {"swiglu_limit", m.gpt_oss_experts == n.gpt_oss_experts && m.swiglu_limit == n.swiglu_limit &&
+                           m.swiglu_alpha == n.swiglu_alpha},
       {"keel.final_softcap", x.final_softcap == y.final_softcap},
       {"keel.embed_scale", x.embed_scale == y.embed_scale},
   };
@@ -188,11 +190,13 @@ void check_expressible(const arch::ModelSpec& spec) {
   }
   const bool windowed_family = gemma || spec.family == arch::Family::Mistral || spec.family == arch::Family::Mixtral ||
                                spec.family == arch::Family::Qwen2 || spec.family == arch::Family::Qwen3 ||
-                               spec.family == arch::Family::Qwen3Moe;
+                               spec.family == arch::Family::Qwen3Moe || spec.family == arch::Family::GptOss;
   if (a.sliding_window > 0 && !windowed_family) {
     throw Error(src, "sliding_window", family + "'s config class has no sliding window");
   }
-  if (a.sinks) throw Error(src, "keel.attn_sinks", family + " has no attention sinks (gpt_oss has)");
+  if (a.sinks != (spec.family == arch::Family::GptOss)) {
+    throw Error(src, "keel.attn_sinks", family + (a.sinks ? " has no attention sinks (gpt_oss has)" : " always has sinks"));
+  }
   if (a.output_gate) {
     throw Error(src, "keel.attn_output_gate", family + " has no attention output gate (Qwen3-Next's is not exported)");
   }
@@ -251,6 +255,15 @@ void check_family_biases_and_norms(const arch::ModelSpec& spec) {
       // Olmo2Config has no head_dim: the modeling code takes hidden_size / num_attention_heads.
       if (a.head_dim * a.num_heads != spec.hidden_size) {
         throw Error(src, "head_dim", "olmo2 needs head_dim = hidden_size / num_attention_heads");
+      }
+      break;
+    case arch::Family::GptOss:
+      if (a.qk_norm) throw Error(src, "keel.qk_norm", "gpt_oss has no q_norm/k_norm");
+      if (a.qkv_bias != a.o_bias) {
+        throw Error(src, "keel.qkv_bias", "gpt_oss's attention_bias puts biases on q, k, v and o together");
+      }
+      if (spec.moe.swiglu_alpha != 1.702) {
+        throw Error(src, "swiglu_alpha", "transformers' GptOssExperts fixes alpha at 1.702");
       }
       break;
     case arch::Family::Gpt2:
@@ -406,6 +419,24 @@ void softmax_router_fields(json& c, const arch::ModelSpec& spec) {
   c["seq_aux"] = true;
 }
 
+// GptOssConfig: layer_types name the sliding layers; num_experts_per_tok is what the modeling
+// code reads, experts_per_token what the released configs also carry.
+void gpt_oss_fields(json& c, const arch::ModelSpec& spec) {
+  const auto& a = spec.attention;
+  c["attention_bias"] = a.qkv_bias;
+  c["sliding_window"] = a.sliding_window > 0 ? a.sliding_window : 128;
+  c["layer_types"] = json::array();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    c["layer_types"].push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
+  }
+  c["num_local_experts"] = spec.moe.num_experts;
+  c["num_experts_per_tok"] = spec.moe.experts_per_token;
+  c["experts_per_token"] = spec.moe.experts_per_token;
+  c["swiglu_limit"] = spec.moe.swiglu_limit;
+  c["router_aux_loss_coef"] = 0.9;
+  c["output_router_logits"] = false;
+}
+
 void add_gemma_fields(json& c, const arch::ModelSpec& spec) {
   const auto& a = spec.attention;
   // Gemma2Config / Gemma3TextConfig: the MLP reads hidden_activation; null soft-caps and
@@ -483,6 +514,9 @@ void add_family_fields(json& c, const arch::ModelSpec& spec) {
       c["router_aux_loss_coef"] = 0.001;
       break;
     }
+    case arch::Family::GptOss:
+      gpt_oss_fields(c, spec);
+      break;
     case arch::Family::DeepseekV2:
       c.erase("head_dim");  // DeepseekV2Config derives it (qk_rope_head_dim)
       c["num_key_value_heads"] = a.num_heads;
