@@ -318,6 +318,31 @@ TEST(GeneratorFamilies, EveryGeneratingFamilyMatchesItsFullForward) {
   }
 }
 
+// The attention variants of the logit study decode like the full forward too: sinks, the output
+// gate (with QK-Norm and biases) and zero-centred norms, on a sliding-window layer as well.
+TEST(GeneratorFamilies, AttentionVariantsMatchTheFullForward) {
+  const std::vector<std::pair<const char*, std::vector<std::string>>> cases = {
+      {"qwen3.json", {"keel.attn_sinks=true"}},
+      {"qwen3.json", {"keel.attn_output_gate=true", "attention_bias=true"}},
+      {"llama.json", {"keel.norm=\"rmsnorm_1p\"", "keel.attn_sinks=true", "keel.attn_output_gate=true"}},
+      {"mistral.json", {"sliding_window=5", "keel.attn_sinks=true"}}};
+  for (const auto& [config, sets] : cases) {
+    TransformerModel model(tiny_spec(config, sets));
+    randomize(model, 13);
+    const int64_t T = 12, V = model.spec().vocab_size;
+    const auto tokens = random_tokens(T, V, 6);
+    std::vector<float> full(static_cast<size_t>(T * V));
+    model.forward_logits(tokens.data(), 1, T, full.data());
+    Generator gen(model);
+    gen.prefill(std::span(tokens).first(4));
+    EXPECT_LT(relative_error(gen.next_logits(), full.data() + 3 * V), kTolerance) << config << " " << sets[0];
+    for (int64_t t = 4; t < T; ++t) {
+      gen.append(tokens[size_t(t)]);
+      EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << config << " " << sets[0] << " " << t;
+    }
+  }
+}
+
 // The cache holds what keel inspect reports: 2·kv_heads·head_dim floats per layer and token for
 // standard attention, kv_lora_rank + qk_rope_head_dim for MLA (no expanded keys or values).
 TEST(GeneratorCache, BytesPerTokenAreTheLatentForMlaAndKeysPlusValuesOtherwise) {
