@@ -56,7 +56,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // includes the embedding; without it, 3,608,307,264 and 5,132,849,472: the
                       // model card's 3.6 B and 5.1 B active.
                       Expected{"gpt-oss-20b.json", 20'914'757'184, 4'187'440'704},
-                      Expected{"gpt-oss-120b.json", 116'829'156'672, 5'711'982'912}));
+                      Expected{"gpt-oss-120b.json", 116'829'156'672, 5'711'982'912},
+                      // The model transformers loads; the checkpoint's 81,324,862,720 add the MTP
+                      // layer (mtp.*, 1,650,471,424, counted apart).
+                      Expected{"qwen3-next-80b-a3b-instruct.json", 79'674'391'296, 3'874'929'408}));
 
 TEST(ParamCounts, NonEmbeddingExcludesEmbeddingsAndHead) {
   // Qwen2.5-7B's model card: 6.53B non-embedding.

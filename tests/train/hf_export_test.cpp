@@ -12,6 +12,7 @@
 #include <set>
 
 #include "keel/arch/config_file.hpp"
+#include "keel/arch/families.hpp"
 #include "keel/arch/hf_tensors.hpp"
 #include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
@@ -261,13 +262,16 @@ TEST_F(HfExport, EveryFamilyRoundTripsInFp32Bf16AndShards) {
     configs.push_back(e.path().filename().string());
   }
   std::sort(configs.begin(), configs.end());
-  ASSERT_GE(configs.size(), 15u);
+  ASSERT_GE(configs.size(), 18u);
   std::set<arch::Family> families;
   const std::vector<int32_t> tokens = {3, 200, 17, 269, 42, 5, 0, 99, 1};
   const std::vector<int32_t> targets = {200, 17, 269, 42, 5, 0, 99, 1, 7};
   const int64_t T = static_cast<int64_t>(tokens.size());
   for (const std::string& config : configs) {
     SCOPED_TRACE(config);
+    if (!arch::family_row(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/configs/tiny/" + config)).supports.export_hf) {
+      continue;  // qwen3_next: inspect only
+    }
     Run run = make_run("rt_" + config, config.c_str(), {});
     const arch::ModelSpec& spec = run.model->spec();
     families.insert(spec.family);

@@ -78,7 +78,10 @@ Accounting account(const ModelSpec& spec, int64_t seq) {
   const int64_t per_layer = a.kind == AttentionKind::Mla
                                 ? c.add(a.kv_lora_rank, a.qk_rope_head_dim)
                                 : c.mul(2, c.mul(a.num_kv_heads, a.head_dim));
-  acc.kv_cache_bytes_per_token_bf16 = c.mul(2, c.mul(spec.num_layers, per_layer));
+  // Gated DeltaNet layers keep a fixed-size state instead of a per-token cache.
+  int64_t cached_layers = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) cached_layers += spec.is_linear_attention_layer(l) ? 0 : 1;
+  acc.kv_cache_bytes_per_token_bf16 = c.mul(2, c.mul(cached_layers, per_layer));
 
   FlopsPerToken& f = acc.flops;
   f.seq = seq;
@@ -89,6 +92,7 @@ Accounting account(const ModelSpec& spec, int64_t seq) {
   const double T = static_cast<double>(seq);
   double keys = 0, keys_causal = 0;
   for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.is_linear_attention_layer(l)) continue;  // no softmax over keys (its recurrence is not counted)
     if (spec.is_sliding_layer(l) && a.sliding_window < seq) {
       const double W = static_cast<double>(a.sliding_window);
       keys += W;

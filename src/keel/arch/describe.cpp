@@ -63,9 +63,25 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
   // The same facts under HF's config names, for readers who search for them.
   json layer_types = json::array();
   for (int64_t l = 0; l < spec.num_layers; ++l) {
-    layer_types.push_back(spec.is_sliding_layer(l) ? "sliding_attention" : "full_attention");
+    layer_types.push_back(spec.is_linear_attention_layer(l) ? "linear_attention"
+                          : spec.is_sliding_layer(l)        ? "sliding_attention"
+                                                            : "full_attention");
   }
   attention["layer_types"] = layer_types;
+  json linear_layers = json::array();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.is_linear_attention_layer(l)) linear_layers.push_back(l);
+  }
+  const auto& la = spec.linear_attention;
+  attention["linear_attention"] =
+      linear_layers.empty() ? json(nullptr)
+                            : json({{"kind", "gated_deltanet"},
+                                    {"layers", linear_layers},
+                                    {"num_key_heads", la.num_key_heads},
+                                    {"num_value_heads", la.num_value_heads},
+                                    {"key_head_dim", la.key_head_dim},
+                                    {"value_head_dim", la.value_head_dim},
+                                    {"conv_kernel", la.conv_kernel}});
   attention["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
   attention["rope_local_base_freq"] = a.rope.local_theta > 0 ? json(a.rope.local_theta) : json(nullptr);
   if (a.learned_positions) {
@@ -103,6 +119,7 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
       break;
     case MoeLayout::Dense:
     case MoeLayout::Qwen3Moe:
+    case MoeLayout::Qwen3Next:
     case MoeLayout::DeepseekV3:
       break;
   }

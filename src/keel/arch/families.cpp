@@ -69,6 +69,30 @@ constexpr TensorNameTable kGptOssNames = [] {
   return t;
 }();
 
+// Qwen3-Next (modeling_qwen3_next.py): the decoder's names, one shared_expert (singular) with its
+// shared_expert_gate, and linear_attn.* on the Gated DeltaNet layers. The MTP layer's tensors
+// (mtp.*) are spelled by hf_tensors.cpp from these (mtp.layers.K. for model.layers.L.).
+constexpr TensorNameTable kQwen3NextNames = [] {
+  TensorNameTable t = kDecoderNames;
+  t.shared_gate = "model.layers.{L}.mlp.shared_expert.gate_proj";
+  t.shared_up = "model.layers.{L}.mlp.shared_expert.up_proj";
+  t.shared_down = "model.layers.{L}.mlp.shared_expert.down_proj";
+  t.shared_expert_gate = "model.layers.{L}.mlp.shared_expert_gate";
+  t.linear_qkvz = "model.layers.{L}.linear_attn.in_proj_qkvz";
+  t.linear_ba = "model.layers.{L}.linear_attn.in_proj_ba";
+  t.linear_conv = "model.layers.{L}.linear_attn.conv1d";
+  t.linear_dt_bias = "model.layers.{L}.linear_attn.dt_bias";
+  t.linear_a_log = "model.layers.{L}.linear_attn.A_log";
+  t.linear_norm = "model.layers.{L}.linear_attn.norm";
+  t.linear_out = "model.layers.{L}.linear_attn.out_proj";
+  t.mtp_embedding = t.mtp_head = "";
+  t.mtp_eh_proj = "mtp.fc";
+  t.mtp_enorm = "mtp.pre_fc_norm_embedding";
+  t.mtp_hnorm = "mtp.pre_fc_norm_hidden";
+  t.mtp_head_norm = "mtp.norm";
+  return t;
+}();
+
 constexpr TensorNameTable kMixtralNames = [] {
   TensorNameTable t = kDecoderNames;
   t.router = "model.layers.{L}.block_sparse_moe.gate";
@@ -110,6 +134,8 @@ constexpr FamilyCapabilities kOlmo2Supports{true, true, true, false, true};
 constexpr FamilyCapabilities kGemma2Supports{true, true, true, false, true};
 // gpt-oss: its fused [E, in, out] expert stacks are not the 2-D matrices Muon orthogonalizes.
 constexpr FamilyCapabilities kGptOssSupports{true, true, true, true, false};
+// Qwen3-Next: inspect only (its Gated DeltaNet layers are not implemented; nn/model.cpp says so).
+constexpr FamilyCapabilities kInspectOnly{false, false, false, false, false};
 
 // Defaults follow each family's transformers Config class (e.g. Qwen3Config.head_dim = 128,
 // Glm4MoeConfig.partial_rotary_factor = 0.5, MixtralConfig.rope_theta = 1e6).
@@ -121,6 +147,10 @@ constexpr std::array kFamilies = {
     FamilyRow{Family::Qwen2,      "qwen2",       "Qwen2ForCausalLM",       false, false, false, "",           B::QkvAlways,      false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 0,   kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
     FamilyRow{Family::Qwen3,      "qwen3",       "Qwen3ForCausalLM",       false, false, true,  "",           B::QkvoFromConfig, false, M::Dense,      R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kDenseExportable},
     FamilyRow{Family::Qwen3Moe,   "qwen3_moe",   "Qwen3MoeForCausalLM",    false, false, true,  "",           B::QkvoFromConfig, false, M::Qwen3Moe,   R::SoftmaxTopK,    false, 1e-6, 10000,  1.0, 128, kNoRouter,       &kDecoderNames,  P::Linear,     "",             {}, kTrainable},
+    // Qwen3-Next (modeling_qwen3_next.py, Qwen3NextConfig defaults): Qwen3-MoE's router with one
+    // gated shared expert, gated attention with (1 + w) QK-Norm and a quarter of each head rotated,
+    // Gated DeltaNet on three layers of four.
+    FamilyRow{Family::Qwen3Next,  "qwen3_next",  "Qwen3NextForCausalLM",   false, false, true,  "",           B::QkvoFromConfig, false, M::Qwen3Next,  R::SoftmaxTopK,    false, 1e-6, 10000,  0.25, 256, kNoRouter,      &kQwen3NextNames, P::Linear,     "",             {}, kInspectOnly},
     FamilyRow{Family::Mixtral,    "mixtral",     "MixtralForCausalLM",     false, false, false, "",           B::None,           false, M::Mixtral,    R::SoftmaxTopK,    false, 1e-5, 1e6,    1.0, 0,   kNoRouter,       &kMixtralNames,  P::Linear,     "",             {}, kTrainable},
     // gpt-oss (modeling_gpt_oss.py, GptOssConfig defaults): sinks in every softmax, biases on q/k/v/o
     // (attention_bias true), sliding windows of 128 on even layers, YaRN, a biased router whose

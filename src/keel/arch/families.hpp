@@ -28,6 +28,7 @@ enum class MoeLayout {
   Dense,        // no experts
   Mixtral,      // every layer: block_sparse_moe with experts.{e}.w1/w2/w3
   Qwen3Moe,     // mlp.experts.{e}.*, decoder_sparse_step, mlp_only_layers
+  Qwen3Next,    // as Qwen3Moe, plus one shared_expert with a sigmoid shared_expert_gate
   GptOss,       // every layer: mlp.router (with bias), fused mlp.experts.gate_up_proj / down_proj
   DeepseekV3,   // mlp.experts.{e}.*, shared_experts, first_k_dense_replace, gate bias
 };

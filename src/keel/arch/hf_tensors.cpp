@@ -10,6 +10,7 @@ std::string_view to_string(Component c) {
     case Component::Embedding: return "embedding";
     case Component::PositionEmbedding: return "position_embedding";
     case Component::Attention: return "attention";
+    case Component::LinearAttention: return "linear_attention";
     case Component::Mlp: return "mlp";
     case Component::RoutedExperts: return "routed_experts";
     case Component::SharedExperts: return "shared_experts";
@@ -50,6 +51,7 @@ class LayoutBuilder {
     TensorEntry e;
     e.role = {kind, part, layer, -1};
     e.name = tensor_name(names_, e.role);  // routed experts: "{E}" stays
+    if (mtp_prefix_) e.name = qwen3_next_mtp_name(e.name, layer);
     e.shape = std::move(shape);
     e.component = override_ ? *override_ : c;
     e.copies = copies;
@@ -123,6 +125,7 @@ class LayoutBuilder {
     if (moe.num_shared_experts > 0) {
       gated_mlp(K::SharedGate, K::SharedUp, K::SharedDown, layer, moe.shared_intermediate_size, false, shared);
     }
+    if (moe.shared_expert_gate) linear(K::SharedExpertGate, layer, 1, s_.hidden_size, false, shared);
   }
 
   // gpt-oss (GptOssTopKRouter, GptOssExperts): a biased router and four fused expert tensors.
@@ -134,6 +137,22 @@ class LayoutBuilder {
     add(K::ExpertsDown, TensorPart::Bare, layer, {E, F, h}, experts);
     add(K::ExpertsDownBias, TensorPart::Bare, layer, {E, h}, experts);
     for (size_t i = out_.size() - 4; i < out_.size(); ++i) out_[i].fused_experts = E;
+  }
+
+  // Qwen3-Next's Gated DeltaNet (Qwen3NextGatedDeltaNet): q, k, v, z from one projection grouped
+  // by key head, β and a from another, a causal depthwise conv over q, k, v, per-value-head decay
+  // (A_log, dt_bias), a gated RMSNorm over each value head, out_proj.
+  void linear_attention(int64_t layer) {
+    const auto& la = s_.linear_attention;
+    const int64_t h = s_.hidden_size, kd = la.key_dim(), vd = la.value_dim();
+    const Component c = Component::LinearAttention;
+    linear(K::LinearQkvz, layer, 2 * kd + 2 * vd, h, false, c);
+    linear(K::LinearBa, layer, 2 * la.num_value_heads, h, false, c);
+    add(K::LinearConv, TensorPart::Weight, layer, {2 * kd + vd, 1, la.conv_kernel}, c);
+    add(K::LinearDtBias, TensorPart::Bare, layer, {la.num_value_heads}, c);
+    add(K::LinearALog, TensorPart::Bare, layer, {la.num_value_heads}, c);
+    norm(K::LinearNorm, layer, la.value_head_dim, c, NormKind::RmsNorm);
+    linear(K::LinearOut, layer, h, vd, false, c);
   }
 
   void ffn(int64_t layer) {
@@ -158,7 +177,8 @@ class LayoutBuilder {
     switch (s_.placement) {
       case NormPlacement::Pre:
         norm(K::InputNorm, layer, h, c, s_.norm);
-        attention(layer);
+        if (s_.is_linear_attention_layer(layer)) linear_attention(layer);
+        else attention(layer);
         norm(K::PostAttentionNorm, layer, h, c, s_.norm);
         ffn(layer);
         break;
@@ -183,6 +203,10 @@ class LayoutBuilder {
   // DeepSeek-V3's MTP module as its checkpoint stores it (layer index num_layers + k): its own
   // embed_tokens and shared_head copies, enorm/hnorm, eh_proj [H, 2H], and one decoder layer.
   void mtp_module(int64_t index) {
+    if (s_.family == Family::Qwen3Next) {
+      qwen3_next_mtp_module(index);
+      return;
+    }
     const int64_t layer = s_.num_layers + index;
     const int64_t h = s_.hidden_size;
     const Component c = Component::Mtp;
@@ -200,6 +224,35 @@ class LayoutBuilder {
     norm(K::MtpHeadNorm, layer, h, c, s_.norm);
     add(K::MtpHead, TensorPart::Weight, layer, {s_.vocab_size, h}, c);
     override_.reset();
+  }
+
+  // Qwen3-Next's MTP layer as its checkpoint stores it (vLLM qwen3_next_mtp.py; transformers
+  // drops mtp.*): fc [H, 2H] after pre_fc_norm_embedding / pre_fc_norm_hidden, one full-attention
+  // MoE decoder layer as mtp.layers.K, mtp.norm; it shares embed_tokens and lm_head with the model.
+  void qwen3_next_mtp_module(int64_t index) {
+    const int64_t layer = s_.num_layers + index;
+    const int64_t h = s_.hidden_size;
+    const Component c = Component::Mtp;
+    override_ = Component::Mtp;
+    linear(K::MtpEhProj, layer, h, 2 * h, false, c);
+    norm(K::MtpENorm, layer, h, c, s_.norm);
+    norm(K::MtpHNorm, layer, h, c, s_.norm);
+    mtp_prefix_ = true;
+    norm(K::InputNorm, layer, h, c, s_.norm);
+    attention(layer);
+    norm(K::PostAttentionNorm, layer, h, c, s_.norm);
+    if (s_.moe.enabled) moe(layer, c, c, c);
+    else gated_mlp(K::MlpGate, K::MlpUp, K::MlpDown, layer, s_.mlp.intermediate_size, s_.mlp.bias, c);
+    mtp_prefix_ = false;
+    norm(K::MtpHeadNorm, layer, h, c, s_.norm);
+    override_.reset();
+  }
+
+  // "model.layers.{num_layers + K}.rest" -> "mtp.layers.{K}.rest".
+  std::string qwen3_next_mtp_name(const std::string& name, int64_t layer) const {
+    const std::string from = "model.layers." + std::to_string(layer) + ".";
+    KEEL_CHECK(name.rfind(from, 0) == 0);
+    return "mtp.layers." + std::to_string(layer - s_.num_layers) + "." + name.substr(from.size());
   }
 
   // GPT-2 stores Conv1D weights as [in, out] and fuses q, k, v into c_attn.
@@ -243,6 +296,7 @@ class LayoutBuilder {
   const TensorNameTable& names_;
   std::vector<TensorEntry>& out_;
   std::optional<Component> override_;
+  bool mtp_prefix_ = false;  // Qwen3-Next's MTP decoder layer: mtp.layers.K. instead of model.layers.L.
 };
 
 }  // namespace

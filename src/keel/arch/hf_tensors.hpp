@@ -15,6 +15,7 @@ enum class Component {
   Embedding,          // input token embedding
   PositionEmbedding,  // GPT-2's learned positions
   Attention,          // projections, their biases, q_norm/k_norm, MLA latent norms
+  LinearAttention,    // Qwen3-Next's Gated DeltaNet layers (linear_attn.*)
   Mlp,                // dense FFN
   RoutedExperts,
   SharedExperts,
@@ -26,7 +27,7 @@ enum class Component {
 };
 std::string_view to_string(Component c);
 inline constexpr Component kAllComponents[] = {
-    Component::Embedding, Component::PositionEmbedding, Component::Attention, Component::Mlp,
+    Component::Embedding, Component::PositionEmbedding, Component::Attention, Component::LinearAttention, Component::Mlp,
     Component::RoutedExperts, Component::SharedExperts, Component::Router, Component::LayerNorms,
     Component::FinalNorm, Component::LmHead, Component::Mtp};
 

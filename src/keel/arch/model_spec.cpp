@@ -18,6 +18,7 @@ std::string_view to_string(Family f) {
     case Family::Qwen2: return "qwen2";
     case Family::Qwen3: return "qwen3";
     case Family::Qwen3Moe: return "qwen3_moe";
+    case Family::Qwen3Next: return "qwen3_next";
     case Family::Mixtral: return "mixtral";
     case Family::GptOss: return "gpt_oss";
     case Family::DeepseekV2: return "deepseek_v2";
@@ -236,6 +237,46 @@ void parse_deepseek_v2_routing(const ConfigReader& r, MoeSpec& moe) {
   }
 }
 
+// Qwen3-Next (Qwen3NextConfig defaults): gated attention and zero-centred, weight-decayed norms
+// on every layer; Gated DeltaNet on the layers layer_types calls "linear_attention", by default
+// all but every full_attention_interval-th (Qwen3NextConfig: "linear_attention" if (i + 1) %
+// interval else "full_attention").
+void parse_qwen3_next_fields(const ConfigReader& r, ModelSpec& spec) {
+  spec.attention.output_gate = true;
+  spec.norm_unit_offset = true;
+  spec.norm_weight_decay = true;
+  LinearAttentionSpec& la = spec.linear_attention;
+  la.num_key_heads = r.optional_int("linear_num_key_heads", 16, 1, kMaxDim);
+  la.num_value_heads = r.optional_int("linear_num_value_heads", 32, 1, kMaxDim);
+  la.key_head_dim = r.optional_int("linear_key_head_dim", 128, 1, kMaxDim);
+  la.value_head_dim = r.optional_int("linear_value_head_dim", 128, 1, kMaxDim);
+  la.conv_kernel = r.optional_int("linear_conv_kernel_dim", 4, 1, 1024);
+  if (la.num_value_heads % la.num_key_heads != 0) {
+    r.fail("linear_num_value_heads", "(" + std::to_string(la.num_value_heads) + ") must be a multiple of linear_num_key_heads (" +
+                                         std::to_string(la.num_key_heads) + ")");
+  }
+  const int64_t layers = spec.num_layers;
+  spec.linear_attention_layer.assign(static_cast<size_t>(layers), false);
+  if (!r.has("layer_types")) {
+    const int64_t interval = r.optional_int("full_attention_interval", 4, 1, kMaxLayers);
+    for (int64_t l = 0; l < layers; ++l) spec.linear_attention_layer[static_cast<size_t>(l)] = (l + 1) % interval != 0;
+    return;
+  }
+  const auto& list = r.object().at("layer_types");
+  if (!list.is_array()) r.fail("layer_types", "expected a list with one entry per layer");
+  if (static_cast<int64_t>(list.size()) != layers) {
+    r.fail("layer_types", "has " + std::to_string(list.size()) + " entries but num_hidden_layers is " + std::to_string(layers));
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    const auto& v = list[static_cast<size_t>(l)];
+    const std::string type = v.is_string() ? v.get<std::string>() : v.dump();
+    if (type != "linear_attention" && type != "full_attention") {
+      r.fail("layer_types", "entry " + std::to_string(l) + " is '" + type + "'; supported: linear_attention, full_attention");
+    }
+    spec.linear_attention_layer[static_cast<size_t>(l)] = type == "linear_attention";
+  }
+}
+
 void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
   MoeSpec& moe = spec.moe;
   moe.router = row.router;
@@ -266,13 +307,20 @@ void parse_moe(const ConfigReader& r, const FamilyRow& row, ModelSpec& spec) {
       std::fill(moe.moe_layer.begin(), moe.moe_layer.end(), true);
       break;
     }
+    case MoeLayout::Qwen3Next:
     case MoeLayout::Qwen3Moe: {
       moe.num_experts = r.optional_int("num_experts", 0, 0, kMaxExperts);
       moe.enabled = moe.num_experts > 0;
       if (!moe.enabled) return;
       moe.experts_per_token = r.required_int("num_experts_per_tok", 1, kMaxExperts);
       moe.expert_intermediate_size = r.required_int("moe_intermediate_size", 1, kMaxDim);
-      moe.norm_topk_prob = r.optional_bool("norm_topk_prob", false);
+      moe.norm_topk_prob = r.optional_bool("norm_topk_prob", row.moe == MoeLayout::Qwen3Next);
+      if (row.moe == MoeLayout::Qwen3Next) {
+        // Qwen3NextSparseMoeBlock: one shared expert, its output times σ(shared_expert_gate(x)).
+        moe.shared_intermediate_size = r.optional_int("shared_expert_intermediate_size", 512, 0, kMaxDim);
+        moe.num_shared_experts = moe.shared_intermediate_size > 0 ? 1 : 0;
+        moe.shared_expert_gate = moe.num_shared_experts > 0;
+      }
       int64_t step = r.optional_int("decoder_sparse_step", 1, 1, kMaxLayers);
       std::set<int64_t> dense_only;
       if (r.has("mlp_only_layers")) {
@@ -580,10 +628,13 @@ ModelSpec spec_from_decoder(const ConfigReader& r, const FamilyRow& row) {
     if (a.rope.rotary_dim == 0) r.fail("partial_rotary_factor", "leaves no dimension to rotate");
   }
   parse_moe(r, row, spec);
-  spec.mtp_layers = r.optional_int("num_nextn_predict_layers", 0, 0, 64);
+  // Qwen3-Next's checkpoints hold one MTP layer (mtp.*) that config.json does not mention; vLLM's
+  // Qwen3NextMTP reads num_nextn_predict_layers with a default of 1.
+  spec.mtp_layers = r.optional_int("num_nextn_predict_layers", row.moe == MoeLayout::Qwen3Next ? 1 : 0, 0, 64);
   spec.sliding_layer.assign(static_cast<size_t>(spec.num_layers), false);
   spec.family = row.family;
   if (row.gemma_fields) parse_gemma_fields(r, spec);
+  if (row.family == Family::Qwen3Next) parse_qwen3_next_fields(r, spec);
   parse_decoder_window(r, spec);
   return spec;
 }

@@ -13,7 +13,7 @@
 
 namespace keel::arch {
 
-enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, GptOss, DeepseekV2, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
+enum class Family { Gpt2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Qwen3Next, Mixtral, GptOss, DeepseekV2, DeepseekV3, KimiK2, Glm4Moe, Olmo2, Gemma2, Gemma3Text };
 enum class NormKind { RmsNorm, LayerNorm };
 // pre: x + f(N(x)), final norm.  post: N(x + f(x)), no final norm.
 // sandwich (Gemma 2): x + N_out(f(N_in(x))), final norm.
@@ -123,8 +123,23 @@ struct MoeSpec {
   // each, and the clamped SwiGLU (up + 1)·g·σ(α·g) with g = min(gate, limit), up clamped to
   // ±limit (kernels/clamped_swiglu.hpp); the router is a linear layer with a bias.
   bool gpt_oss_experts = false;
+  // Qwen3-Next: the shared expert's output is scaled by σ(shared_expert_gate(x)), a [1, hidden] row.
+  bool shared_expert_gate = false;
   double swiglu_limit = 7.0;
   double swiglu_alpha = 1.702;
+};
+
+// Qwen3-Next's Gated DeltaNet layers (HF Qwen3NextGatedDeltaNet; Yang et al. 2024, "Gated Delta
+// Networks", arXiv:2412.06464): a linear-attention recurrence in place of softmax attention on
+// the layers ModelSpec::linear_attention_layer marks. keel counts them; it does not train them.
+struct LinearAttentionSpec {
+  int64_t num_key_heads = 0;
+  int64_t num_value_heads = 0;
+  int64_t key_head_dim = 0;
+  int64_t value_head_dim = 0;
+  int64_t conv_kernel = 0;
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
 };
 
 struct ModelSpec {
@@ -155,6 +170,11 @@ struct ModelSpec {
   double final_softcap = 0.0;    // keel.final_softcap
   double embed_scale = 1.0;      // keel.embed_scale: token embeddings are multiplied by it
   std::vector<bool> sliding_layer;  // per decoder layer: local (sliding-window) attention
+  LinearAttentionSpec linear_attention;
+  std::vector<bool> linear_attention_layer;  // per decoder layer: Gated DeltaNet instead of attention
+  bool is_linear_attention_layer(int64_t layer) const {
+    return !linear_attention_layer.empty() && linear_attention_layer[static_cast<size_t>(layer)];
+  }
   bool is_sliding_layer(int64_t layer) const {
     return attention.sliding_window > 0 && sliding_layer[static_cast<size_t>(layer)];
   }

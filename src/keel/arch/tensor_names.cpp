@@ -16,7 +16,8 @@ constexpr std::array kAllKinds = {
     K::QA,         K::QANorm,            K::QB,         K::KvA,        K::KvANorm,     K::KvB,
     K::MlpGate,    K::MlpUp,             K::MlpDown,    K::Router,     K::ExpertGate,  K::ExpertUp,
     K::ExpertDown, K::SharedGate,        K::SharedUp,   K::SharedDown, K::ExpertsGateUp, K::ExpertsGateUpBias,
-    K::ExpertsDown, K::ExpertsDownBias, K::MtpEmbedding, K::MtpENorm,
+    K::ExpertsDown, K::ExpertsDownBias, K::SharedExpertGate, K::LinearQkvz, K::LinearBa, K::LinearConv,
+    K::LinearDtBias, K::LinearALog, K::LinearNorm, K::LinearOut, K::MtpEmbedding, K::MtpENorm,
     K::MtpHNorm,   K::MtpEhProj,         K::MtpHeadNorm, K::MtpHead,
 };
 
@@ -95,6 +96,14 @@ std::string_view to_string(TensorKind kind) {
     case K::ExpertsGateUpBias: return "experts_gate_up_bias";
     case K::ExpertsDown: return "experts_down";
     case K::ExpertsDownBias: return "experts_down_bias";
+    case K::SharedExpertGate: return "shared_expert_gate";
+    case K::LinearQkvz: return "linear_qkvz";
+    case K::LinearBa: return "linear_ba";
+    case K::LinearConv: return "linear_conv";
+    case K::LinearDtBias: return "linear_dt_bias";
+    case K::LinearALog: return "linear_a_log";
+    case K::LinearNorm: return "linear_norm";
+    case K::LinearOut: return "linear_out";
     case K::MtpEmbedding: return "mtp_embedding";
     case K::MtpENorm: return "mtp_enorm";
     case K::MtpHNorm: return "mtp_hnorm";
@@ -143,6 +152,14 @@ std::string_view name_template(const TensorNameTable& t, TensorKind kind) {
     case K::ExpertsGateUpBias: return t.experts_gate_up_bias;
     case K::ExpertsDown: return t.experts_down;
     case K::ExpertsDownBias: return t.experts_down_bias;
+    case K::SharedExpertGate: return t.shared_expert_gate;
+    case K::LinearQkvz: return t.linear_qkvz;
+    case K::LinearBa: return t.linear_ba;
+    case K::LinearConv: return t.linear_conv;
+    case K::LinearDtBias: return t.linear_dt_bias;
+    case K::LinearALog: return t.linear_a_log;
+    case K::LinearNorm: return t.linear_norm;
+    case K::LinearOut: return t.linear_out;
     case K::MtpEmbedding: return t.mtp_embedding;
     case K::MtpENorm: return t.mtp_enorm;
     case K::MtpHNorm: return t.mtp_hnorm;
@@ -195,6 +212,8 @@ bool is_layer_kind(TensorKind kind) {
     case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
     case K::SharedGate: case K::SharedUp: case K::SharedDown:
     case K::ExpertsGateUp: case K::ExpertsGateUpBias: case K::ExpertsDown: case K::ExpertsDownBias:
+    case K::SharedExpertGate: case K::LinearQkvz: case K::LinearBa: case K::LinearConv: case K::LinearDtBias:
+    case K::LinearALog: case K::LinearNorm: case K::LinearOut:
     case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpEhProj: case K::MtpHeadNorm:
     case K::MtpHead:
       return true;
@@ -207,7 +226,7 @@ bool is_expert_kind(TensorKind kind) {
 }
 
 bool is_bare_kind(TensorKind kind) {
-  return kind == K::AttentionSink || kind == K::ExpertsGateUp || kind == K::ExpertsGateUpBias ||
+  return kind == K::AttentionSink || kind == K::LinearDtBias || kind == K::LinearALog || kind == K::ExpertsGateUp || kind == K::ExpertsGateUpBias ||
          kind == K::ExpertsDown || kind == K::ExpertsDownBias;
 }
 
@@ -217,7 +236,7 @@ bool is_norm_kind(TensorKind kind) {
   switch (kind) {
     case K::FinalNorm: case K::InputNorm: case K::PostAttentionNorm: case K::PreFeedforwardNorm:
     case K::PostFeedforwardNorm: case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm:
-    case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm:
+    case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm: case K::LinearNorm:
       return true;
     case K::Embedding: case K::PositionEmbedding: case K::LmHead:
     case K::Q: case K::K: case K::V: case K::O: case K::Qkv: case K::AttentionSink:
@@ -226,6 +245,8 @@ bool is_norm_kind(TensorKind kind) {
     case K::Router: case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
     case K::SharedGate: case K::SharedUp: case K::SharedDown:
     case K::ExpertsGateUp: case K::ExpertsGateUpBias: case K::ExpertsDown: case K::ExpertsDownBias:
+    case K::SharedExpertGate: case K::LinearQkvz: case K::LinearBa: case K::LinearConv: case K::LinearDtBias:
+    case K::LinearALog: case K::LinearOut:
     case K::MtpEmbedding: case K::MtpEhProj: case K::MtpHead:
       return false;
   }
@@ -239,6 +260,7 @@ bool is_hidden_matrix_kind(TensorKind kind) {
     case K::MlpGate: case K::MlpUp: case K::MlpDown:
     case K::ExpertGate: case K::ExpertUp: case K::ExpertDown:
     case K::SharedGate: case K::SharedUp: case K::SharedDown:
+    case K::LinearQkvz: case K::LinearBa: case K::LinearOut:
     case K::MtpEhProj:
       return true;
     case K::Embedding: case K::PositionEmbedding: case K::FinalNorm: case K::LmHead:
@@ -246,6 +268,8 @@ bool is_hidden_matrix_kind(TensorKind kind) {
     case K::QNorm: case K::KNorm: case K::QANorm: case K::KvANorm: case K::AttentionSink:
     // Fused [E, in, out] stacks: Muon orthogonalizes 2-D matrices, and gpt-oss trains with AdamW.
     case K::ExpertsGateUp: case K::ExpertsGateUpBias: case K::ExpertsDown: case K::ExpertsDownBias:
+    // The shared expert's gate is a router-like [1, hidden] score; conv1d, dt_bias, A_log and the norm are not matrices.
+    case K::SharedExpertGate: case K::LinearConv: case K::LinearDtBias: case K::LinearALog: case K::LinearNorm:
     case K::Router:
     case K::MtpEmbedding: case K::MtpENorm: case K::MtpHNorm: case K::MtpHeadNorm: case K::MtpHead:
       return false;
@@ -255,7 +279,7 @@ bool is_hidden_matrix_kind(TensorKind kind) {
 
 bool is_matmul_kind(TensorKind kind) {
   return is_hidden_matrix_kind(kind) || kind == K::Router || kind == K::LmHead || kind == K::MtpHead ||
-         kind == K::ExpertsGateUp || kind == K::ExpertsDown;
+         kind == K::ExpertsGateUp || kind == K::ExpertsDown || kind == K::SharedExpertGate;
 }
 
 }  // namespace keel::arch

@@ -29,6 +29,9 @@ enum class TensorKind {
   // gpt-oss's experts, fused over all experts of a layer (bare parameters, [in, out] per expert):
   // gate_up_proj [E, hidden, 2·width], its bias [E, 2·width], down_proj [E, width, hidden], its bias.
   ExpertsGateUp, ExpertsGateUpBias, ExpertsDown, ExpertsDownBias,
+  // Qwen3-Next: the shared expert's gate row; the Gated DeltaNet layers' tensors (linear_attn.*:
+  // in_proj_qkvz, in_proj_ba, the depthwise conv1d, dt_bias and A_log (bare), the gated norm, out_proj).
+  SharedExpertGate, LinearQkvz, LinearBa, LinearConv, LinearDtBias, LinearALog, LinearNorm, LinearOut,
   // DeepSeek-V3's multi-token-prediction module (layer = num_layers + k); its decoder layer
   // uses the kinds above at the same layer index.
   MtpEmbedding, MtpENorm, MtpHNorm, MtpEhProj, MtpHeadNorm, MtpHead,
@@ -57,6 +60,8 @@ struct TensorNameTable {
   std::string_view mlp_gate, mlp_up, mlp_down;
   std::string_view router, expert_gate, expert_up, expert_down, shared_gate, shared_up, shared_down;
   std::string_view experts_gate_up, experts_gate_up_bias, experts_down, experts_down_bias;
+  std::string_view shared_expert_gate, linear_qkvz, linear_ba, linear_conv, linear_dt_bias, linear_a_log, linear_norm,
+      linear_out;
   std::string_view mtp_embedding, mtp_enorm, mtp_hnorm, mtp_eh_proj, mtp_head_norm, mtp_head;
 };
 

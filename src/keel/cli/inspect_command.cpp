@@ -198,6 +198,14 @@ std::vector<std::pair<std::string, std::string>> table_rows(const json& d) {
     if (!a["final_softcap"].is_null()) caps += (caps.empty() ? "" : ", ") + std::string("final logits ") + number(a["final_softcap"]);
     r.emplace_back("soft-caps", caps.empty() ? std::string("none") : caps + " (c*tanh(x/c))");
   }
+  if (!at["linear_attention"].is_null()) {
+    const json& la = at["linear_attention"];
+    r.emplace_back("linear attention", "Gated DeltaNet on " + std::to_string(la["layers"].size()) + " of " +
+                                           number(a["num_hidden_layers"]) + " layers (" + number(la["num_key_heads"]) +
+                                           " key / " + number(la["num_value_heads"]) + " value heads of " +
+                                           number(la["key_head_dim"]) + "/" + number(la["value_head_dim"]) + ", conv " +
+                                           number(la["conv_kernel"]) + "); keel counts them, does not train them");
+  }
   if (at["sliding_window"].is_null() || at["sliding_layers"].empty()) {
     r.emplace_back("local attention", "none (every layer global)");
   } else {

@@ -160,11 +160,31 @@ float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, c
 // ---------------------------------------------------------------------------------------------
 // TransformerModel
 
-TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
+void check_trainable(const arch::ModelSpec& spec) {
   const arch::FamilyRow& row = arch::family_row(spec);
   if (!row.supports.train) {
-    throw Error(spec.source, "model_type", "keel cannot build " + spec.model_type + " models (inspect only)");
+    std::string why = "keel cannot build " + spec.model_type + " models (inspect only)";
+    std::string layers;
+    int64_t count = 0;
+    for (int64_t l = 0; l < spec.num_layers; ++l) {
+      if (!spec.is_linear_attention_layer(l)) continue;
+      if (count < 6) layers += (count ? ", " : "") + std::to_string(l);
+      ++count;
+    }
+    if (count > 0) {
+      why = spec.model_type + " cannot be trained: its " + std::to_string(count) +
+            " Gated DeltaNet (linear_attention) layers (" + layers + (count > 6 ? ", ..." : "") +
+            ") are a linear-attention recurrence keel does not implement; keel inspect reads it, and its gated "
+            "attention and zero-centred norms train on other families as keel.attn_output_gate and keel.norm = "
+            "\"rmsnorm_1p\"";
+    }
+    throw Error(spec.source, "model_type", why);
   }
+}
+
+TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
+  const arch::FamilyRow& row = arch::family_row(spec);
+  check_trainable(spec);
   const arch::TensorNameTable& names = *row.names;
   const int64_t h = spec.hidden_size;
   embed_ = store_.add(names, {TensorKind::Embedding}, {spec.vocab_size, h});

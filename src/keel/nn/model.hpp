@@ -51,6 +51,10 @@ class Block {
   std::optional<Moe> moe_;
 };
 
+// Throws keel::Error(source, "model_type", why) for a family keel reads but cannot build
+// (Qwen3-Next: names its Gated DeltaNet layers). The trainer asks before the run folder exists.
+void check_trainable(const arch::ModelSpec& spec);
+
 class TransformerModel {
  public:
   explicit TransformerModel(const arch::ModelSpec& spec);

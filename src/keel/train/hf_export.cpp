@@ -209,6 +209,8 @@ void check_family_biases_and_norms(const arch::ModelSpec& spec) {
   const std::string family(arch::to_string(spec.family));
   const auto& a = spec.attention;
   switch (spec.family) {
+    case arch::Family::Qwen3Next:  // inspect only: check_expressible refused it already
+      break;
     case arch::Family::Llama:
       if (a.qk_norm) throw Error(src, "keel.qk_norm", "llama has no q_norm/k_norm");
       if (a.qkv_bias != a.o_bias) {
@@ -471,6 +473,7 @@ void add_family_fields(json& c, const arch::ModelSpec& spec) {
   const auto& a = spec.attention;
   switch (spec.family) {
     case arch::Family::Gpt2:
+    case arch::Family::Qwen3Next:  // inspect only, never exported
       break;
     case arch::Family::Llama:
       c["attention_bias"] = a.qkv_bias;

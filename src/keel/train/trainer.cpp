@@ -184,6 +184,7 @@ json load_model_config(const RunConfig& c) {
   arch::LoadedConfig cfg = arch::read_config_file(c.model_config_path());
   arch::apply_overrides(cfg.json, c.model_set, cfg.path);
   const arch::ModelSpec spec = arch::spec_from_config(cfg.json, cfg.path);  // validate now, naming the original file
+  nn::check_trainable(spec);
   if (!c.init_from.empty()) {
     // Every tensor named, shaped and typed as the config predicts, before the run folder exists.
     const io::HfWeights weights = io::HfWeights::open_dir(c.init_from);
