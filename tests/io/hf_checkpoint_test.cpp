@@ -206,6 +206,29 @@ TEST_F(HfCheckpoint, NamesTheMissingExtraMisshapenAndMistypedTensor) {
   EXPECT_NE(std::string(load_error(dir_ / "two_missing").what()).find("and 1 more"), std::string::npos);
 }
 
+// gpt-oss as released: its experts are MXFP4 blocks and scales (U8) where the dequantized
+// gate_up_proj / down_proj belong. The first line says so instead of listing missing tensors.
+TEST_F(HfCheckpoint, Mxfp4ExpertsOfGptOssAreNamedAsQuantized) {
+  auto m = model("gpt_oss.json");
+  std::vector<TensorToWrite> t;
+  std::vector<int32_t> packed(64, 7);
+  for (const auto& w : tensors_of(*m, DType::F32)) {
+    if (w.name.ends_with("mlp.experts.gate_up_proj") || w.name.ends_with("mlp.experts.down_proj")) {
+      t.push_back({w.name + "_blocks", DType::I32, {64}, packed.data()});
+      t.push_back({w.name + "_scales", DType::I32, {64}, packed.data()});
+      continue;
+    }
+    t.push_back(w);
+  }
+  const Error e = load_error(folder("mxfp4", t));
+  EXPECT_NE(e.field().find("mlp.experts."), std::string::npos) << e.what();
+  EXPECT_NE(e.reason().find("MXFP4-quantized"), std::string::npos) << e.what();
+  EXPECT_NE(e.reason().find("dequantize first"), std::string::npos) << e.what();
+  // With the dequantized tensors the same folder loads.
+  const Error ok = load_error(folder("dequantized", tensors_of(*m, DType::BF16)));
+  EXPECT_TRUE(ok.reason().empty()) << ok.what();
+}
+
 TEST_F(HfCheckpoint, RefusesAnIndexThatLiesAboutItsShards) {
   auto m = model("qwen3.json");
   const fs::path good = folder("good", tensors_of(*m, DType::F32), 30'000);

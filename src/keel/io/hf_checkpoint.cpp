@@ -178,6 +178,16 @@ void WeightMatch::throw_if_bad(const HfWeights& weights) const {
   }
 }
 
+namespace {
+// "…gate_up_proj_blocks" / "…_scales" -> "…gate_up_proj": the tensor an MXFP4 pair stands for.
+std::optional<std::string> mxfp4_base(const std::string& name) {
+  for (std::string_view suffix : {"_blocks", "_scales"}) {
+    if (name.ends_with(suffix)) return name.substr(0, name.size() - suffix.size());
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec) {
   const arch::FamilyRow& row = arch::family_row(spec);
   const std::string head = arch::tensor_name(*row.names, {arch::TensorKind::LmHead});
@@ -231,6 +241,11 @@ WeightMatch match_weights(const HfWeights& weights, const arch::ModelSpec& spec)
         m.ignored.push_back(t.name);
       } else if (ignorable(t.name)) {
         m.ignored.push_back(t.name);
+      } else if (const auto base = mxfp4_base(name); base && expected.contains(*base)) {
+        // gpt-oss's released experts: MXFP4 blocks and scales in place of gate_up_proj/down_proj.
+        m.wrong_dtype.push_back(t.name + ": MXFP4-quantized (" + *base +
+                                " stored as _blocks/_scales); keel reads F32, BF16 or F16: dequantize first "
+                                "(transformers: Mxfp4Config(dequantize=True), then save_pretrained)");
       } else {
         m.unexpected.push_back(t.name + ": unexpected tensor: the config has no parameter of that name");
       }
