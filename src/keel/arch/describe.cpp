@@ -144,7 +144,9 @@ json describe(const ModelSpec& spec, const Accounting& acc) {
            {"moe_layers", moe_layers},
            {"dense_layers", spec.num_layers - moe_layers},
            {"first_k_dense", m.first_k_dense},
-           {"router", to_string(m.router)},
+           // DeepSeek-V2's greedy topk_method is the grouped router with one group.
+           {"router", m.router == RouterKind::SoftmaxGrouped && m.n_group == 1 ? std::string("softmax, greedy top-k")
+                                                                               : std::string(to_string(m.router))},
            {"norm_topk_prob", m.norm_topk_prob},
            {"clamped_swiglu", m.gpt_oss_experts ? json({{"limit", m.swiglu_limit}, {"alpha", m.swiglu_alpha}}) : json(nullptr)},
            {"routed_scaling_factor", m.routed_scaling_factor},
