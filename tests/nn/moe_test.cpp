@@ -60,6 +60,34 @@ struct Harness {
 
 class MoeModule : public ::testing::TestWithParam<Case> {};
 
+// gpt-oss's expert e on one token, in double, written from GptOssExperts: gate_up = x·W[e] + b
+// with gate/up interleaved, gate clamped above, up on both sides, (up + 1)·g·σ(α·g), then down.
+void gpt_oss_expert(Harness& h, int64_t e, const float* xt, double scale, std::vector<double>& out) {
+  const auto& m = h.spec.moe;
+  const int64_t C = h.spec.hidden_size, F = m.expert_intermediate_size;
+  const float* wgu = h.store.data(h.name(arch::TensorKind::ExpertsGateUp, arch::TensorPart::Bare)) + e * C * 2 * F;
+  const float* bgu = h.store.data(h.name(arch::TensorKind::ExpertsGateUpBias, arch::TensorPart::Bare)) + e * 2 * F;
+  const float* wd = h.store.data(h.name(arch::TensorKind::ExpertsDown, arch::TensorPart::Bare)) + e * F * C;
+  const float* bd = h.store.data(h.name(arch::TensorKind::ExpertsDownBias, arch::TensorPart::Bare)) + e * C;
+  const double limit = m.swiglu_limit, alpha = m.swiglu_alpha;
+  std::vector<double> hidden(static_cast<size_t>(F));
+  for (int64_t f = 0; f < F; ++f) {
+    double g = bgu[2 * f], u = bgu[2 * f + 1];
+    for (int64_t c = 0; c < C; ++c) {
+      g += double(wgu[c * 2 * F + 2 * f]) * xt[c];
+      u += double(wgu[c * 2 * F + 2 * f + 1]) * xt[c];
+    }
+    g = std::min(g, limit);
+    u = std::max(-limit, std::min(u, limit));
+    hidden[static_cast<size_t>(f)] = (u + 1) * g / (1 + std::exp(-alpha * g));
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = bd[c];
+    for (int64_t f = 0; f < F; ++f) acc += double(wd[f * C + c]) * hidden[static_cast<size_t>(f)];
+    out[static_cast<size_t>(c)] += scale * acc;
+  }
+}
+
 // Per token, in double: route with the same kernel, run each chosen expert on that token alone.
 std::vector<double> naive_moe(Harness& h, const std::vector<float>& x, int64_t n) {
   const auto& m = h.spec.moe;
@@ -95,10 +123,18 @@ std::vector<double> naive_moe(Harness& h, const std::vector<float>& x, int64_t n
       for (int64_t c = 0; c < C; ++c) acc += double(gate[e * C + c]) * xt[c];
       logits[static_cast<size_t>(e)] = static_cast<float>(acc);
     }
+    if (m.gpt_oss_experts) {  // GptOssTopKRouter's bias is part of the logits
+      const float* rb = h.store.data(h.name(arch::TensorKind::Router, arch::TensorPart::Bias));
+      for (int64_t e = 0; e < E; ++e) logits[static_cast<size_t>(e)] += rb[e];
+    }
     kernels::router_forward(rc, logits.data(), bias, p.data(), idx.data(), w.data(), 1);
     std::vector<double> out(static_cast<size_t>(C), 0.0);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = idx[static_cast<size_t>(j)];
+      if (m.gpt_oss_experts) {
+        gpt_oss_expert(h, e, xt, w[static_cast<size_t>(j)], out);
+        continue;
+      }
       mlp(h.store.data(h.expert_name(e, "gate")), h.store.data(h.expert_name(e, "up")),
           h.store.data(h.expert_name(e, "down")), F, xt, w[static_cast<size_t>(j)], out);
     }
@@ -181,8 +217,16 @@ TEST_P(MoeModule, BackwardMatchesFiniteDifferences) {
   };
   for (int64_t i = 0; i < n * C; i += 7) probe(&x[static_cast<size_t>(i)], dx[static_cast<size_t>(i)], "x[" + std::to_string(i) + "]");
   std::vector<std::string> names = {h.name(arch::TensorKind::Router)};
-  for (int64_t e = 0; e < h.spec.moe.num_experts; ++e) {
-    for (const char* w : {"gate", "up", "down"}) names.push_back(h.expert_name(e, w));
+  if (h.spec.moe.gpt_oss_experts) {
+    names.push_back(h.name(arch::TensorKind::Router, arch::TensorPart::Bias));
+    for (auto kind : {arch::TensorKind::ExpertsGateUp, arch::TensorKind::ExpertsGateUpBias, arch::TensorKind::ExpertsDown,
+                      arch::TensorKind::ExpertsDownBias}) {
+      names.push_back(h.name(kind, arch::TensorPart::Bare));
+    }
+  } else {
+    for (int64_t e = 0; e < h.spec.moe.num_experts; ++e) {
+      for (const char* w : {"gate", "up", "down"}) names.push_back(h.expert_name(e, w));
+    }
   }
   if (h.spec.moe.num_shared_experts > 0) {
     for (auto kind : {arch::TensorKind::SharedGate, arch::TensorKind::SharedUp, arch::TensorKind::SharedDown})
@@ -216,7 +260,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"glm4_moe_grouped", "glm4_moe.json", {"n_group=4", "topk_group=2", "norm_topk_prob=false"}},
                       Case{"deepseek_router_grouped", "glm4_moe.json", {"n_group=2", "topk_group=1", "n_shared_experts=2"}},
                       Case{"deepseek_v2", "deepseek_v2.json", {}},
-                      Case{"deepseek_v2_greedy", "deepseek_v2.json", {"topk_method=\"greedy\""}}),
+                      Case{"deepseek_v2_greedy", "deepseek_v2.json", {"topk_method=\"greedy\""}},
+                      // The released limit 7 rarely binds here: a clamp's kink inside a probe's step
+                      // would spoil the central difference. The clamps' gradients are checked by
+                      // ClampedSwiglu.* and, composed, by the gpt_oss PyTorch fixture (limit 1).
+                      Case{"gpt_oss", "gpt_oss.json", {}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(MoeBias, AuxLossFreeUpdateFollowsTheSignOfTheLoadGap) {

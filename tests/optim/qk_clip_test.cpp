@@ -96,12 +96,15 @@ bool rows_equal(const std::vector<float>& before, const nn::ParameterStore& stor
 }
 
 // MHA / GQA / MQA: the rule is exact, so clipped heads land on tau and the rest keep their logits.
-void check_projection_clip(const std::string& config, int64_t expect_group, bool expect_bias) {
-  Fixture f(config);
+void check_projection_clip(const std::string& config, int64_t expect_group, bool expect_bias,
+                           const std::vector<std::string>& sets = {}) {
+  Fixture f(config, sets);
   const auto& spec = f.model.spec();
   auto& store = f.model.parameters();
   const int64_t heads = spec.attention.num_heads, kv = spec.attention.num_kv_heads, hd = spec.attention.head_dim;
   const int64_t hidden = spec.hidden_size, group = heads / kv;
+  // With the output gate each head's q_proj rows are its query then its gate (Qwen3-Next).
+  const int64_t q_rows = spec.attention.output_gate ? 2 * hd : hd;
   ASSERT_EQ(group, expect_group);
   ASSERT_EQ(store.find("model.layers.0.self_attn.q_proj.bias") != nullptr, expect_bias);
 
@@ -141,22 +144,30 @@ void check_projection_clip(const std::string& config, int64_t expect_group, bool
       // No clipped head reads this kv head: its k rows and all its query heads' q rows keep their bits.
       ++untouched_groups;
       EXPECT_TRUE(rows_equal(before, store, *wk, g * hd * hidden, hd * hidden)) << config << " layer " << l;
-      EXPECT_TRUE(rows_equal(before, store, *wq, g * group * hd * hidden, group * hd * hidden)) << config;
+      EXPECT_TRUE(rows_equal(before, store, *wq, g * group * q_rows * hidden, group * q_rows * hidden)) << config;
       if (bk) {
         EXPECT_TRUE(rows_equal(before, store, *bk, g * hd, hd));
       }
       if (bq) {
-        EXPECT_TRUE(rows_equal(before, store, *bq, g * group * hd, group * hd));
+        EXPECT_TRUE(rows_equal(before, store, *bq, g * group * q_rows, group * q_rows));
       }
     }
   }
   if (group == 1) {
     EXPECT_GT(untouched_groups, 0);  // MHA: every unclipped head is bit-identical
   }
-  // Everything but the q/k projections keeps its bits.
+  // Everything but the q/k projections keeps its bits (sinks included); so do the gate rows.
   for (const auto& e : store.entries()) {
     if (!is_qk_param(e.name)) {
       EXPECT_TRUE(rows_equal(before, store, e, 0, e.numel)) << e.name;
+    }
+  }
+  if (spec.attention.output_gate) {
+    for (int64_t l = 0; l < spec.num_layers; ++l) {
+      const nn::ParamInfo* wq = store.find("model.layers." + std::to_string(l) + ".self_attn.q_proj.weight");
+      for (int64_t h = 0; h < heads; ++h) {
+        EXPECT_TRUE(rows_equal(before, store, *wq, (h * q_rows + hd) * hidden, hd * hidden)) << "gate rows, head " << h;
+      }
     }
   }
 }
@@ -164,6 +175,10 @@ void check_projection_clip(const std::string& config, int64_t expect_group, bool
 TEST(QkClip, MhaWithBiasesQwen2) { check_projection_clip("qwen2.json", 1, true); }
 TEST(QkClip, GqaGroupTwoLlama) { check_projection_clip("llama.json", 2, false); }
 TEST(QkClip, MqaGroupFourMistral) { check_projection_clip("mistral.json", 4, false); }
+TEST(QkClip, OutputGateScalesOnlyTheQueryRows) {
+  check_projection_clip("llama.json", 2, true, {"keel.attn_output_gate=true", "attention_bias=true"});
+}
+TEST(QkClip, GptOssWithSinksAndBiases) { check_projection_clip("gpt_oss.json", 2, true); }
 
 // MLA (Kimi K2 §2.1): per clipped head, q^C rows and k^C rows (kv_b_proj) by sqrt(gamma), q^R rows
 // by gamma; the shared k^R (kv_a_proj_with_mqa), v rows and everything else keep their bits.

@@ -251,6 +251,15 @@ TEST_F(HfExport, RefusesVariantsTheFamilyCannotExpressNamingTheField) {
   EXPECT_EQ(field_of_refusal("olmo2_per_head", "olmo2.json", {"keel.qk_norm=per_head"}), "keel.qk_norm");
   EXPECT_EQ(field_of_refusal("olmo2_head_dim", "olmo2.json", {"head_dim=8"}), "head_dim");
   EXPECT_EQ(field_of_refusal("qwen3_full_width", "qwen3.json", {"keel.qk_norm=full_width"}), "keel.qk_norm");
+  EXPECT_EQ(field_of_refusal("sinks", "qwen3.json", {"keel.attn_sinks=true"}), "keel.attn_sinks");
+  EXPECT_EQ(field_of_refusal("gpt_oss_no_sinks", "gpt_oss.json", {"keel.attn_sinks=false"}), "keel.attn_sinks");
+  EXPECT_EQ(field_of_refusal("gate", "qwen3.json", {"keel.attn_output_gate=true"}), "keel.attn_output_gate");
+  EXPECT_EQ(field_of_refusal("norm_1p", "llama.json", {"keel.norm=rmsnorm_1p"}), "keel.norm");
+  EXPECT_EQ(field_of_refusal("gpt_oss_alpha", "gpt_oss.json", {"swiglu_alpha=1.5"}), "swiglu_alpha");
+  EXPECT_EQ(field_of_refusal("v2_mscale", "deepseek_v2.json",
+                             {"rope_scaling={\"type\":\"yarn\",\"factor\":40,\"mscale\":0.707,\"mscale_all_dim\":0.707,"
+                              "\"original_max_position_embeddings\":64,\"beta_fast\":32,\"beta_slow\":1}"}),
+            "rope_scaling.mscale_all_dim");
 }
 
 // Every family keel trains: export (fp32, bf16, sharded) and import give back the weights bit

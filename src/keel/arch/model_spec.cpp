@@ -133,6 +133,7 @@ void apply_keel_extensions(const nlohmann::json& config, const std::string& sour
     if (norm == "rmsnorm") spec.norm = NormKind::RmsNorm;
     else if (norm == "layernorm") spec.norm = NormKind::LayerNorm;
     else if (norm == "rmsnorm_1p") {
+      if (row.mla) r.fail("norm", "rmsnorm_1p is not available for MLA families (their latent norms stay x_hat*w)");
       // Qwen3-Next's zero-centred RMSNorm: x̂·(1 + w), w from 0, with weight decay.
       spec.norm = NormKind::RmsNorm;
       spec.norm_unit_offset = true;

@@ -275,6 +275,14 @@ void check_family_biases_and_norms(const arch::ModelSpec& spec) {
     case arch::Family::DeepseekV2:
     case arch::Family::DeepseekV3:
     case arch::Family::KimiK2:
+      // keel scales MLA logits by YaRN's mscale² as DeepSeek's code does; transformers'
+      // DeepseekV2Attention does not, so such a V2 export would load with other logits.
+      if (spec.family == arch::Family::DeepseekV2 &&
+          arch::attention_softmax_scale(spec) != 1.0 / std::sqrt(static_cast<double>(a.qk_head_dim()))) {
+        throw Error(src, "rope_scaling.mscale_all_dim",
+                    "transformers' DeepseekV2Attention leaves out the YaRN mscale² keel (like DeepSeek's code) applies "
+                    "to the softmax scale; the export would compute other logits");
+      }
       if (a.qkv_bias != a.o_bias) {
         throw Error(src, "keel.qkv_bias", family + "'s attention_bias puts biases on q_a, kv_a and o together");
       }
