@@ -16,21 +16,10 @@ import json
 import math
 import os
 import statistics
+import sys
 
-
-def read_jsonl(path):
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a torn last line of a killed run
-    return out
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from summarize import read_jsonl  # noqa: E402  (experiments/summarize.py)
 
 
 def finite(v):

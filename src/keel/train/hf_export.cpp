@@ -375,13 +375,14 @@ json decoder_config(const arch::ModelSpec& spec) {
   return c;
 }
 
-// Routed experts the DeepSeek-V3 way (DeepseekV3Config, Glm4MoeConfig). A dense model keeps
-// every layer below first_k_dense_replace, so transformers builds no experts either.
-void sigmoid_router_fields(json& c, const arch::ModelSpec& spec) {
+// The routed-expert fields DeepseekV2Config, DeepseekV3Config and Glm4MoeConfig share. A dense
+// model keeps every layer below first_k_dense_replace, so transformers builds no experts either.
+// false: the model is dense and nothing else is written.
+bool deepseek_expert_fields(json& c, const arch::ModelSpec& spec) {
   const auto& moe = spec.moe;
   if (!moe.enabled) {  // keel reads a missing n_routed_experts as none
     c["first_k_dense_replace"] = spec.num_layers;
-    return;
+    return false;
   }
   c["n_routed_experts"] = moe.num_experts;
   c["n_shared_experts"] = moe.num_shared_experts;
@@ -391,7 +392,13 @@ void sigmoid_router_fields(json& c, const arch::ModelSpec& spec) {
   c["n_group"] = moe.n_group;
   c["topk_group"] = moe.topk_group;
   c["first_k_dense_replace"] = moe.first_k_dense;
-  c["norm_topk_prob"] = moe.norm_topk_prob;
+  return true;
+}
+
+// Routed experts the DeepSeek-V3 way (DeepseekV3Config, Glm4MoeConfig).
+void sigmoid_router_fields(json& c, const arch::ModelSpec& spec) {
+  if (!deepseek_expert_fields(c, spec)) return;
+  c["norm_topk_prob"] = spec.moe.norm_topk_prob;
   c["topk_method"] = "noaux_tc";  // sigmoid scores, e_score_correction_bias for selection
   c["scoring_func"] = "sigmoid";
 }
@@ -407,21 +414,8 @@ void mla_fields(json& c, const arch::ModelSpec& spec) {
 
 // DeepSeek-V2's gate (DeepseekV2Config): softmax scores, greedy or group-limited greedy.
 void softmax_router_fields(json& c, const arch::ModelSpec& spec) {
-  const auto& moe = spec.moe;
-  if (!moe.enabled) {
-    c["first_k_dense_replace"] = spec.num_layers;
-    return;
-  }
-  c["n_routed_experts"] = moe.num_experts;
-  c["n_shared_experts"] = moe.num_shared_experts;
-  c["moe_intermediate_size"] = moe.expert_intermediate_size;
-  c["num_experts_per_tok"] = moe.experts_per_token;
-  c["routed_scaling_factor"] = moe.routed_scaling_factor;
-  const bool grouped = moe.n_group > 1;  // greedy reads back as n_group 1
-  c["topk_method"] = grouped ? "group_limited_greedy" : "greedy";
-  c["n_group"] = moe.n_group;
-  c["topk_group"] = moe.topk_group;
-  c["first_k_dense_replace"] = moe.first_k_dense;
+  if (!deepseek_expert_fields(c, spec)) return;
+  c["topk_method"] = spec.moe.n_group > 1 ? "group_limited_greedy" : "greedy";  // greedy reads back as n_group 1
   c["moe_layer_freq"] = 1;
   c["norm_topk_prob"] = false;
   c["scoring_func"] = "softmax";
