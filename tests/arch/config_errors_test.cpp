@@ -7,6 +7,7 @@
 #include "keel/arch/config_file.hpp"
 #include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
+#include "spec_error.hpp"
 
 namespace keel::arch {
 namespace {
@@ -18,16 +19,7 @@ nlohmann::json qwen3() {
     "rms_norm_eps": 1e-6, "hidden_act": "silu"})");
 }
 
-// Expects spec_from_config to fail; returns the error for inspection.
-Error spec_error(const nlohmann::json& config) {
-  try {
-    spec_from_config(config, "cfg.json");
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected an error for " << config.dump();
-  return Error("", "", "");
-}
+using testing::spec_error;
 
 TEST(ConfigErrors, NotAnObject) {
   Error e = spec_error(nlohmann::json::array({1, 2}));

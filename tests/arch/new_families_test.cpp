@@ -10,6 +10,7 @@
 #include "keel/arch/config_file.hpp"
 #include "keel/arch/hf_tensors.hpp"
 #include "keel/core/error.hpp"
+#include "spec_error.hpp"
 #include "keel/nn/model.hpp"
 
 namespace keel::arch {
@@ -20,15 +21,7 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-Error spec_error(const nlohmann::json& config) {
-  try {
-    spec_from_config(config, "cfg.json");
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected an error for " << config.dump();
-  return Error("", "", "");
-}
+using testing::spec_error;
 
 TEST(GptOssConfig, ReadsTheReleasedConfig) {
   const ModelSpec s = spec_from_config(read_json("configs/hf/gpt-oss-20b.json"), "gpt-oss-20b.json");

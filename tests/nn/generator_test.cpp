@@ -298,23 +298,29 @@ TEST(GeneratorStops, AtEosAndAtTheContextLength) {
 // MLA models train but the KV cache holds per-head K and V: the generator refuses them with a
 // keel::Error naming the reason instead of reading q_proj/k_proj tensors that do not exist.
 // Every family of the table that generates, from its tiny config: the same equality.
+// Prefill 4 of 12 random tokens, then decode the rest one by one: each step's logits must equal
+// the full forward's at that position.
+void expect_decoding_matches_full_forward(TransformerModel& model, uint32_t token_seed, const std::string& what) {
+  const int64_t T = 12, V = model.spec().vocab_size;
+  const auto tokens = random_tokens(T, V, token_seed);
+  std::vector<float> full(static_cast<size_t>(T * V));
+  model.forward_logits(tokens.data(), 1, T, full.data());
+  Generator gen(model);
+  gen.prefill(std::span(tokens).first(4));
+  EXPECT_LT(relative_error(gen.next_logits(), full.data() + 3 * V), kTolerance) << what;
+  for (int64_t t = 4; t < T; ++t) {
+    gen.append(tokens[size_t(t)]);
+    EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << what << " " << t;
+  }
+}
+
 TEST(GeneratorFamilies, EveryGeneratingFamilyMatchesItsFullForward) {
   for (const arch::FamilyRow& row : arch::family_table()) {
     if (!row.supports.generate) continue;
     const std::string config = std::string(row.model_type) + ".json";
     TransformerModel model(tiny_spec(config.c_str()));
     randomize(model, 11);
-    const int64_t T = 12, V = model.spec().vocab_size;
-    const auto tokens = random_tokens(T, V, 5);
-    std::vector<float> full(static_cast<size_t>(T * V));
-    model.forward_logits(tokens.data(), 1, T, full.data());
-    Generator gen(model);
-    gen.prefill(std::span(tokens).first(4));
-    EXPECT_LT(relative_error(gen.next_logits(), full.data() + 3 * V), kTolerance) << row.model_type;
-    for (int64_t t = 4; t < T; ++t) {
-      gen.append(tokens[size_t(t)]);
-      EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << row.model_type << " " << t;
-    }
+    expect_decoding_matches_full_forward(model, 5, std::string(row.model_type));
   }
 }
 
@@ -329,17 +335,7 @@ TEST(GeneratorFamilies, AttentionVariantsMatchTheFullForward) {
   for (const auto& [config, sets] : cases) {
     TransformerModel model(tiny_spec(config, sets));
     randomize(model, 13);
-    const int64_t T = 12, V = model.spec().vocab_size;
-    const auto tokens = random_tokens(T, V, 6);
-    std::vector<float> full(static_cast<size_t>(T * V));
-    model.forward_logits(tokens.data(), 1, T, full.data());
-    Generator gen(model);
-    gen.prefill(std::span(tokens).first(4));
-    EXPECT_LT(relative_error(gen.next_logits(), full.data() + 3 * V), kTolerance) << config << " " << sets[0];
-    for (int64_t t = 4; t < T; ++t) {
-      gen.append(tokens[size_t(t)]);
-      EXPECT_LT(relative_error(gen.next_logits(), full.data() + t * V), kTolerance) << config << " " << sets[0] << " " << t;
-    }
+    expect_decoding_matches_full_forward(model, 6, std::string(config) + " " + sets[0]);
   }
 }
 

@@ -17,20 +17,18 @@ kernels::RouterConfig router_config(const arch::MoeSpec& moe) {
   switch (moe.router) {
     case arch::RouterKind::SoftmaxTopK:
       c.score = kernels::RouterScore::Softmax;
-      break;
-    case arch::RouterKind::SoftmaxGrouped:
+      return c;
+    case arch::RouterKind::SoftmaxGrouped:  // DeepSeek-V2
       c.score = kernels::RouterScore::Softmax;
-      c.scaling = static_cast<float>(moe.routed_scaling_factor);
-      c.n_group = moe.n_group;
-      c.topk_group = moe.topk_group;
       break;
-    case arch::RouterKind::SigmoidGrouped:
+    case arch::RouterKind::SigmoidGrouped:  // DeepSeek-V3, Kimi K2, GLM-4.5
       c.score = kernels::RouterScore::Sigmoid;
-      c.scaling = static_cast<float>(moe.routed_scaling_factor);
-      c.n_group = moe.n_group;
-      c.topk_group = moe.topk_group;
       break;
   }
+  // The grouped routers: routed_scaling_factor and the group limit.
+  c.scaling = static_cast<float>(moe.routed_scaling_factor);
+  c.n_group = moe.n_group;
+  c.topk_group = moe.topk_group;
   return c;
 }
 
