@@ -806,6 +806,20 @@ def _kth_gap(v, k):
     return (top[:, k - 1] - top[:, k]).min().item()
 
 
+def keep_top_groups(choice, group_scores, tg):
+    """Group-limited routing (DeepseekV3TopkRouter / DeepseekV2Moe): the experts of the tg
+    best-scoring groups keep their choice values, the others' are masked_fill(0.0)."""
+    n, ng = group_scores.shape
+    E = choice.shape[-1]
+    if tg < ng:
+        ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(group_scores, tg))
+    group_idx = torch.topk(group_scores, k=tg, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, ng, E // ng).reshape(-1, E)
+    return choice.masked_fill(~score_mask.bool(), 0.0)
+
+
 # Clamp bookkeeping of gpt_oss_moe (counts of elements beyond the limit, and of gates below -limit
 # that the one-sided gate clamp leaves alone), so that the fixture can assert that both clamps bind.
 CLAMP_STATS = {"gate_hi": 0, "gate_lo": 0, "up_hi": 0, "up_lo": 0}
@@ -860,15 +874,8 @@ def deepseek_v2_route(s, logits):
     with torch.no_grad():
         choice = probs
         if s["topk_method"] == "group_limited_greedy":
-            ng, tg = s["n_group"], s["topk_group"]
-            group_scores = probs.view(-1, ng, E // ng).max(dim=-1).values
-            if tg < ng:
-                ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(group_scores, tg))
-            group_idx = torch.topk(group_scores, k=tg, dim=-1, sorted=False)[1]
-            group_mask = torch.zeros_like(group_scores)
-            group_mask.scatter_(1, group_idx, 1)
-            score_mask = group_mask.unsqueeze(-1).expand(-1, ng, E // ng).reshape(-1, E)
-            choice = probs.masked_fill(~score_mask.bool(), 0.0)
+            ng = s["n_group"]
+            choice = keep_top_groups(probs, probs.view(-1, ng, E // ng).max(dim=-1).values, s["topk_group"])
         ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(choice, k))
         idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
     weights = probs.gather(1, idx)
@@ -904,15 +911,9 @@ def moe_block(s, p, prefix, x):
         scores = logits.sigmoid()
         with torch.no_grad():
             choice = scores + p[prefix + ".gate.e_score_correction_bias"].unsqueeze(0)
-            ng, tg = s["n_group"], s["topk_group"]
-            group_scores = choice.view(-1, ng, E // ng).topk(2, dim=-1)[0].sum(dim=-1)
-            if tg < ng:
-                ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(group_scores, tg))
-            group_idx = torch.topk(group_scores, k=tg, dim=-1, sorted=False)[1]
-            group_mask = torch.zeros_like(group_scores)
-            group_mask.scatter_(1, group_idx, 1)
-            score_mask = group_mask.unsqueeze(-1).expand(-1, ng, E // ng).reshape(-1, E)
-            choice = choice.masked_fill(~score_mask.bool(), 0.0)
+            ng = s["n_group"]
+            choice = keep_top_groups(choice, choice.view(-1, ng, E // ng).topk(2, dim=-1)[0].sum(dim=-1),
+                                     s["topk_group"])
             ROUTING_MARGIN[0] = min(ROUTING_MARGIN[0], _kth_gap(choice, k))
             idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, idx)
