@@ -12,6 +12,8 @@ PACKAGES=(
   libdnnl-dev                       # gemm backend (docs/blas.md)
   libopenblas-dev libopenblas0-openmp libblis-dev   # alternative backend and the BLAS benchmark
   chromium                          # renders the `keel compare` report in a test (headless)
+  libopenmpi-dev openmpi-bin        # data parallelism (docs/distributed.md)
+  iproute2                          # the two-namespace TCP test of data parallelism (ip netns, veth)
 )
 
 # The PyTorch peer: benchmarks against it (bench/), fixture regeneration (tools/make_fixtures.py)

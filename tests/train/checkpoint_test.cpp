@@ -73,8 +73,10 @@ TEST_F(CheckpointParts, WriteTodaysFormat) {
   const auto st = nlohmann::json::parse(text.str());
   std::vector<std::string> keys;
   for (const auto& [k, v] : st.items()) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{"checksums", "model_config_hash", "optimizer", "optimizer_steps", "sequences",
-                                            "step", "tokens"}));
+  // optimizer_world (1 here) came with data parallelism: the world size that wrote the state.
+  EXPECT_EQ(keys, (std::vector<std::string>{"checksums", "model_config_hash", "optimizer", "optimizer_steps",
+                                            "optimizer_world", "sequences", "step", "tokens"}));
+  EXPECT_EQ(st["optimizer_world"], 1);
   EXPECT_EQ(text.str(), st.dump(1) + "\n");
   EXPECT_EQ(st["optimizer"], "muon");
   EXPECT_EQ(st["optimizer_steps"], 2);

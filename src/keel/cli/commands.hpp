@@ -14,4 +14,14 @@ void register_report_commands(CLI::App& app);     // plot
 void register_compare_commands(CLI::App& app);    // compare
 void register_spike_commands(CLI::App& app);      // spikes
 
+// The command line keel was started with (main() records it; `keel train --nproc` re-executes it
+// under mpirun).
+void set_command_line(int argc, char** argv);
+// Reports an error the way every command does: one line on stderr, exit status 2. In a
+// data-parallel run, an error every rank raised (Error::everywhere) is printed by rank 0 alone
+// and the ranks end together; any other ends the whole job (MPI_Abort), so no rank waits forever.
+int report_error(const char* message, bool everywhere);
+// `keel train --nproc N`: execs mpirun with N ranks of the same command line, minus --nproc.
+[[noreturn]] void relaunch_under_mpirun(int nproc);
+
 }  // namespace keel::cli

@@ -9,6 +9,7 @@
 #include "keel/cli/commands.hpp"
 #include "keel/core/denormals.hpp"
 #include "keel/core/error.hpp"
+#include "keel/dist/communicator.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   // they slow a training step several-fold. KEEL_DENORMALS=keep leaves IEEE behaviour.
   const char* denormals = std::getenv("KEEL_DENORMALS");
   keel::set_flush_denormals(denormals == nullptr || std::string(denormals) != "keep");
+  keel::cli::set_command_line(argc, argv);
   app.require_subcommand(1);
   app.set_version_flag("--version", "keel 0.1.0");
   keel::cli::register_inspect(app);
@@ -34,14 +36,12 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? 0 : 2;
   } catch (const keel::Error& e) {
-    std::fprintf(stderr, "keel: error: %s\n", e.what());
-    return 2;
+    return keel::cli::report_error(e.what(), e.everywhere());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "keel: error: out of memory\n");
-    return 2;
+    return keel::cli::report_error("out of memory", false);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel: error: %s\n", e.what());
-    return 2;
+    return keel::cli::report_error(e.what(), false);
   }
+  keel::dist::finalize();
   return 0;
 }

@@ -24,6 +24,7 @@
 #include "keel/train/run_config.hpp"
 #include "keel/train/step_loop.hpp"
 #include "keel/train/trainer.hpp"
+#include "keel/dist/communicator.hpp"
 
 namespace keel::cli {
 
@@ -224,7 +225,7 @@ void register_train(CLI::App& app) {
     std::vector<std::string> sets;
     bool tensorboard = false;
     std::string model, tokens, out;
-    int64_t steps = 0, batch_lines = 0, log_every = 1;
+    int64_t steps = 0, batch_lines = 0, log_every = 1, nproc = 0;
     float lr = -1.f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip = 1.0f;
   };
   auto o = std::make_shared<Options>();
@@ -232,6 +233,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--resume", o->resume, "continue the run in RUN_DIR from its newest complete checkpoint");
   cmd->add_option("--set", o->sets, "override a run-config key, section.key=value (repeatable), e.g. run.steps=50");
   cmd->add_flag("--tensorboard", o->tensorboard, "also write TensorBoard event files into RUN_DIR/tensorboard");
+  cmd->add_option("--nproc", o->nproc,
+                  "data parallel on this machine: start mpirun with N ranks of this command (docs/distributed.md); "
+                  "across machines, run `mpirun -np N --hostfile H keel train ...` yourself")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   cmd->add_option("--model", o->model, "minimal loop: model directory to start from");
   cmd->add_option("--tokens", o->tokens, "minimal loop: token file, one sequence per line");
   cmd->add_option("--steps", o->steps, "minimal loop: optimizer steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -245,16 +250,23 @@ void register_train(CLI::App& app) {
   cmd->add_option("--clip", o->clip, "minimal loop: global grad-norm clipping threshold (0 = off)");
   cmd->add_option("--log-every", o->log_every, "minimal loop: print every N steps");
   cmd->callback([o] {
+    if (o->nproc > 0 && (!o->config.empty() || !o->resume.empty())) relaunch_under_mpirun(static_cast<int>(o->nproc));
+    if (o->nproc > 0) throw Error("--nproc", "", "data parallelism needs --config RUN.toml or --resume RUN_DIR");
     train::TrainOptions options;
     options.tensorboard = o->tensorboard;
+    dist::Communicator& world = dist::world();  // MPI's under mpirun, else this process alone
+    options.comm = &world;
+    if (!world.is_root()) options.progress = nullptr;
     if (!o->resume.empty()) {
       auto r = train::resume(o->resume, o->sets, options);
+      if (!world.is_root()) return;
       std::printf("resumed %s to step %lld; checkpoint %s\n", r.run_dir.c_str(), static_cast<long long>(r.steps),
                   r.checkpoint.c_str());
       return;
     }
     if (!o->config.empty()) {
       auto r = train::train(train::load_run_config(o->config, o->sets), options);
+      if (!world.is_root()) return;
       std::printf("done: %lld steps, %lld tokens, loss %.4f, val_loss %.4f\nmetrics: %s/metrics.jsonl\ncheckpoint: %s\n",
                   static_cast<long long>(r.steps), static_cast<long long>(r.tokens), r.final_loss, r.final_val_loss,
                   r.run_dir.c_str(), r.checkpoint.c_str());

@@ -20,6 +20,10 @@ class Error : public std::runtime_error {
   const std::string& file() const { return file_; }
   const std::string& field() const { return field_; }
   const std::string& reason() const { return reason_; }
+  // Raised the same on every process of a data-parallel run (they agreed on it): only rank 0
+  // needs to print it, and no process is left waiting.
+  bool everywhere() const { return everywhere_; }
+  void set_everywhere() { everywhere_ = true; }
 
  private:
   static std::string format(const std::string& file, const std::string& field,
@@ -30,6 +34,7 @@ class Error : public std::runtime_error {
     return out;
   }
   std::string file_, field_, reason_;
+  bool everywhere_ = false;
 };
 
 [[noreturn]] inline void check_failed(const char* expr, const char* file, int line) {

@@ -225,6 +225,14 @@ void TransformerModel::update_router_bias(float speed) {
   }
 }
 
+std::vector<std::vector<int64_t>*> TransformerModel::pending_router_counts() {
+  std::vector<std::vector<int64_t>*> out;
+  for (auto& b : blocks_) {
+    if (Moe* m = b->moe()) out.push_back(&m->pending_counts());
+  }
+  return out;
+}
+
 void TransformerModel::initialize(uint64_t seed) {
   store_.initialize(seed, static_cast<float>(spec_.initializer_range));
 }
@@ -290,7 +298,10 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
     dx = arena_.alloc_zeroed(size);
     final_norm_->backward(store_, dhf, dx, n);
   }
-  for (size_t l = blocks_.size(); l-- > 0;) dx = blocks_[l]->backward(store_, arena_, dx, s);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    dx = blocks_[l]->backward(store_, arena_, dx, s);
+    if (block_backward_hook_) block_backward_hook_(static_cast<int64_t>(l));
+  }
   kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h, static_cast<float>(spec_.embed_scale));
   if (positions_.valid()) {
     float* dwpe = store_.grad(positions_);

@@ -3,6 +3,7 @@
 // and MLP sublayers with the configured norm placement), optional final norm, and the LM head
 // fused with the cross-entropy loss. Parameters carry their HF names.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -80,6 +81,9 @@ class TransformerModel {
   // Forward and backward: accumulates into the parameter gradients the gradient of
   //   grad_scale * (Σ CE + z_loss * Σ logZ²).
   LossSums forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, float grad_scale);
+  // Called by forward_backward after each block's backward (blocks from the last to the first),
+  // so data parallelism can send a block's gradients while the blocks below are computed.
+  void set_block_backward_hook(std::function<void(int64_t block)> hook) { block_backward_hook_ = std::move(hook); }
   // Forward only.
   LossSums forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
   // logits: (batch, seq, vocab).
@@ -106,11 +110,15 @@ class TransformerModel {
   // After each optimizer step: the auxiliary-loss-free bias update (DeepSeek-V3 §2.1.2) of every
   // e_score_correction_bias from the routing of the forward_backward calls since the last one.
   void update_router_bias(float speed);
+  // Every MoE layer's assignment counts pending for the next bias update, layer by layer: data
+  // parallelism replaces them with the sums over all ranks first, so every rank moves the same.
+  std::vector<std::vector<int64_t>*> pending_router_counts();
   // The routed-expert FFN of a layer, null for a dense layer.
   const Moe* moe_layer(int64_t layer) const { return blocks_[static_cast<size_t>(layer)]->moe(); }
   size_t activation_capacity_bytes() const { return arena_.capacity_floats() * sizeof(float); }
 
  private:
+  std::function<void(int64_t)> block_backward_hook_;
   // Embeddings and blocks; returns the final hidden states (after the final norm, if any).
   float* forward_hidden(const int32_t* tokens, const StepShape& s);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.

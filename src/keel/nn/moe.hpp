@@ -52,6 +52,8 @@ class Moe {
   const std::vector<int32_t>& selected() const { return routing_.indices; }
   // Adds the last forward's assignment counts to those the next bias update uses.
   void accumulate_counts();
+  // The counts accumulated since the last update (data parallelism sums them over the ranks).
+  std::vector<int64_t>& pending_counts() { return pending_counts_; }
   // DeepSeek-V3 §2.1.2 (auxiliary-loss-free balancing): bias_e += speed·sign(mean − count_e)
   // over the counts accumulated since the last update, which are then cleared. No-op without
   // a correction bias (clears the counts).

@@ -71,6 +71,7 @@ class ParameterStore {
   std::span<float> values() { return values_.span(); }
   std::span<const float> values() const { return values_.span(); }
   std::span<float> grads() { return grads_.span(); }
+  std::span<const float> grads() const { return {grads_.data(), static_cast<size_t>(size())}; }
   int64_t size() const { return total_; }
   void zero_grad() { grads_.zero(); }
 

@@ -6,8 +6,13 @@
 
 namespace keel::optim {
 
-AdamW::AdamW(const nn::ParameterStore& store, AdamWConfig config)
-    : config_(config), m_(static_cast<size_t>(store.size())), v_(static_cast<size_t>(store.size())) {}
+AdamW::AdamW(const nn::ParameterStore& store, AdamWConfig config) : AdamW(config, Ownership::everything(store)) {}
+
+AdamW::AdamW(AdamWConfig config, Ownership ownership)
+    : config_(config),
+      ownership_(std::move(ownership)),
+      m_(static_cast<size_t>(ownership_.state_floats())),
+      v_(static_cast<size_t>(ownership_.state_floats())) {}
 
 void AdamW::step(nn::ParameterStore& store, float lr) {
   ++step_;
@@ -15,35 +20,47 @@ void AdamW::step(nn::ParameterStore& store, float lr) {
   const double bias2 = 1.0 - std::pow(static_cast<double>(config_.beta2), static_cast<double>(step_));
   const float step_size = static_cast<float>(lr / bias1);
   const float inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
-  for (const nn::ParamInfo& p : store.entries()) update(store, p, lr, step_size, inv_sqrt_bias2);
+  for (const OwnedSlice& sl : ownership_.slices()) update(store, sl, lr, step_size, inv_sqrt_bias2);
 }
 
-void AdamW::step(nn::ParameterStore& store, float lr, std::span<const size_t> entries) {
+void AdamW::step(nn::ParameterStore& store, float lr, std::span<const size_t> slices) {
   ++step_;
   const double bias1 = 1.0 - std::pow(static_cast<double>(config_.beta1), static_cast<double>(step_));
   const double bias2 = 1.0 - std::pow(static_cast<double>(config_.beta2), static_cast<double>(step_));
   const float step_size = static_cast<float>(lr / bias1);
   const float inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
-  for (size_t e : entries) update(store, store.entries().at(e), lr, step_size, inv_sqrt_bias2);
+  for (size_t i : slices) update(store, ownership_.slices().at(i), lr, step_size, inv_sqrt_bias2);
+}
+
+FloatBuffer& AdamW::buffer(const std::string& state_name) {
+  if (state_name == "exp_avg") return m_;
+  if (state_name == "exp_avg_sq") return v_;
+  throw Error("adamw", "state", "no state named '" + state_name + "'; AdamW holds exp_avg, exp_avg_sq");
 }
 
 std::span<float> AdamW::state(const std::string& state_name, const nn::ParamInfo& p) {
-  FloatBuffer* buffer = state_name == "exp_avg" ? &m_ : state_name == "exp_avg_sq" ? &v_ : nullptr;
-  if (!buffer) throw Error("adamw", "state", "no state named '" + state_name + "'; AdamW holds exp_avg, exp_avg_sq");
-  return {buffer->data() + p.offset, static_cast<size_t>(p.numel)};
+  FloatBuffer& b = buffer(state_name);
+  KEEL_CHECK(ownership_.is_everything());
+  return {b.data() + p.offset, static_cast<size_t>(p.numel)};
 }
 
-void AdamW::update(nn::ParameterStore& store, const nn::ParamInfo& p, float lr, float step_size,
-                   float inv_sqrt_bias2) {
+std::span<float> AdamW::state(const std::string& state_name, const OwnedSlice& slice) {
+  FloatBuffer& b = buffer(state_name);
+  return {b.data() + slice.state_offset, static_cast<size_t>(slice.numel())};
+}
+
+void AdamW::update(nn::ParameterStore& store, const OwnedSlice& s, float lr, float step_size, float inv_sqrt_bias2) {
+  const nn::ParamInfo& p = store.entries().at(s.entry);
   if (p.buffer) return;  // e.g. MoE's correction bias: moved by its own rule, not by gradients
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
   const float decay = p.weight_decay ? 1.0f - lr * config_.weight_decay : 1.0f;
-  float* w = store.values().data() + p.offset;
-  const float* g = store.grads().data() + p.offset;
-  float* mp = m_.data() + p.offset;
-  float* vp = v_.data() + p.offset;
+  float* w = store.values().data() + p.offset + s.begin;
+  const float* g = store.grads().data() + p.offset + s.begin;
+  float* mp = m_.data() + s.state_offset;
+  float* vp = v_.data() + s.state_offset;
+  const int64_t n = s.numel();
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < p.numel; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     w[i] *= decay;
     mp[i] = b1 * mp[i] + (1.0f - b1) * g[i];
     vp[i] = b2 * vp[i] + (1.0f - b2) * g[i] * g[i];

@@ -21,13 +21,16 @@ struct AdamWConfig {
 
 class AdamW : public Optimizer {
  public:
+  // Owns every parameter of the store.
   AdamW(const nn::ParameterStore& store, AdamWConfig config);
+  // Owns, updates and keeps moments for only these slices (ZeRO-1).
+  AdamW(AdamWConfig config, Ownership ownership);
   std::string name() const override { return "adamw"; }
   // One update of every parameter from the store's gradients at learning rate lr.
   void step(nn::ParameterStore& store, float lr) override;
-  // One update of only the store entries listed (indices into store.entries()), as when Muon
+  // One update of only the owned slices listed (indices into ownership().slices()), as when Muon
   // hands AdamW the embeddings, LM head, norms and biases. Counts as one step.
-  void step(nn::ParameterStore& store, float lr, std::span<const size_t> entries);
+  void step(nn::ParameterStore& store, float lr, std::span<const size_t> slices);
   int64_t steps_taken() const override { return step_; }
   const AdamWConfig& config() const { return config_; }
   FloatBuffer& first_moment() { return m_; }
@@ -36,11 +39,15 @@ class AdamW : public Optimizer {
   // exp_avg (m) and exp_avg_sq (v), store-shaped.
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   std::span<float> state(const std::string& state_name, const nn::ParamInfo& p) override;
+  const Ownership& ownership() const override { return ownership_; }
+  std::span<float> state(const std::string& state_name, const OwnedSlice& slice) override;
 
  private:
-  void update(nn::ParameterStore& store, const nn::ParamInfo& p, float lr, float step_size, float inv_sqrt_bias2);
+  void update(nn::ParameterStore& store, const OwnedSlice& s, float lr, float step_size, float inv_sqrt_bias2);
+  FloatBuffer& buffer(const std::string& state_name);
 
   AdamWConfig config_;
+  Ownership ownership_;
   FloatBuffer m_, v_;
   int64_t step_ = 0;
 };

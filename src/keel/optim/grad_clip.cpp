@@ -7,7 +7,9 @@
 
 namespace keel::optim {
 
-double global_grad_norm(std::span<const float> grads) {
+double global_grad_norm(std::span<const float> grads) { return std::sqrt(sum_of_squares(grads)); }
+
+double sum_of_squares(std::span<const float> grads) {
   // Fixed chunks summed in a fixed order: the norm (and so the clip) is bit-identical from run
   // to run whatever the threads do, which exact resume relies on. An OpenMP reduction would
   // combine partial sums in arrival order.
@@ -25,11 +27,16 @@ double global_grad_norm(std::span<const float> grads) {
   }
   double sum = 0.0;
   for (double s : partial) sum += s;
-  return std::sqrt(sum);
+  return sum;
 }
 
 double clip_grad_norm(std::span<float> grads, double max_norm) {
   const double norm = global_grad_norm(grads);
+  scale_to_max_norm(grads, norm, max_norm);
+  return norm;
+}
+
+void scale_to_max_norm(std::span<float> grads, double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     const float c = static_cast<float>(coef);
@@ -38,7 +45,6 @@ double clip_grad_norm(std::span<float> grads, double max_norm) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= c;
   }
-  return norm;
 }
 
 }  // namespace keel::optim

@@ -6,6 +6,11 @@
 namespace keel::optim {
 
 double global_grad_norm(std::span<const float> grads);
+// Σ g², in fixed chunks summed in a fixed order (bit-identical whatever the threads do).
+double sum_of_squares(std::span<const float> grads);
 double clip_grad_norm(std::span<float> grads, double max_norm);
+// Scales the gradients as clip_grad_norm does, given their global norm (computed over several
+// processes, each holding a part).
+void scale_to_max_norm(std::span<float> grads, double norm, double max_norm);
 
 }  // namespace keel::optim

@@ -46,29 +46,49 @@ bool name_matches(const std::string& pattern, const std::string& name) {
   return glob_match(pattern.c_str(), name.c_str());
 }
 
-Muon::Muon(const nn::ParameterStore& store, MuonConfig config)
-    : config_(std::move(config)), momentum_(static_cast<size_t>(store.size())), adamw_opt_(store, config_.adamw) {
-  int64_t max_numel = 0, max_ws = 0;
+std::vector<size_t> Muon::route(const nn::ParameterStore& store, const MuonConfig& config) {
+  std::vector<size_t> out;
   const auto& entries = store.entries();
   for (size_t i = 0; i < entries.size(); ++i) {
     const nn::ParamInfo& p = entries[i];
     if (p.buffer) continue;  // neither group: buffers are not optimized
     bool muon = p.matrix;
-    if (any_match(config_.force_adamw, p.name)) {
+    if (any_match(config.force_adamw, p.name)) {
       muon = false;
-    } else if (any_match(config_.force_muon, p.name)) {
+    } else if (any_match(config.force_muon, p.name)) {
       if (p.shape.size() < 2)
         throw Error("muon", "force_muon", "parameter '" + p.name + "' has fewer than two dimensions");
       muon = true;
     }
-    if (muon && p.shape.size() < 2) muon = false;
-    (muon ? muon_ : adamw_).push_back(i);
-    if (muon) {
-      muon_names_.push_back(p.name);
-      auto [a, b] = matrix_dims(p);
-      max_numel = std::max(max_numel, p.numel);
-      max_ws = std::max(max_ws, newton_schulz_workspace_floats(a, b));
+    if (muon && p.shape.size() >= 2) out.push_back(i);
+  }
+  return out;
+}
+
+Muon::Muon(const nn::ParameterStore& store, MuonConfig config) : Muon(store, config, Ownership::everything(store)) {}
+
+Muon::Muon(const nn::ParameterStore& store, MuonConfig config, Ownership ownership)
+    : config_(std::move(config)), adamw_opt_(config_.adamw, std::move(ownership)) {
+  const Ownership& own = adamw_opt_.ownership();
+  momentum_.resize(static_cast<size_t>(own.state_floats()));
+  const std::vector<size_t> routed = route(store, config_);
+  int64_t max_numel = 0, max_ws = 0;
+  for (size_t si = 0; si < own.slices().size(); ++si) {
+    const OwnedSlice& s = own.slices()[si];
+    const nn::ParamInfo& p = store.entries().at(s.entry);
+    if (p.buffer) continue;
+    const bool muon = std::binary_search(routed.begin(), routed.end(), s.entry);
+    if (!muon) {
+      adamw_.push_back(s.entry);
+      adamw_slices_.push_back(si);
+      continue;
     }
+    KEEL_CHECK(Ownership::whole(s, p));  // Newton–Schulz of a slice is not the slice of Newton–Schulz
+    muon_.push_back(s.entry);
+    muon_names_.push_back(p.name);
+    auto [a, b] = matrix_dims(p);
+    max_numel = std::max(max_numel, p.numel);
+    max_ws = std::max(max_ws, newton_schulz_workspace_floats(a, b));
   }
   update_.resize(static_cast<size_t>(max_numel));
   ortho_.resize(static_cast<size_t>(max_numel));
@@ -89,6 +109,12 @@ MuonScaling parse_muon_scaling(const std::string& name, const std::string& sourc
 std::span<float> Muon::state(const std::string& state_name, const nn::ParamInfo& p) {
   if (state_name == "momentum") return {momentum_.data() + p.offset, static_cast<size_t>(p.numel)};
   if (state_name == "exp_avg" || state_name == "exp_avg_sq") return adamw_opt_.state(state_name, p);
+  throw Error("muon", "state", "no state named '" + state_name + "'; Muon holds momentum, exp_avg, exp_avg_sq");
+}
+
+std::span<float> Muon::state(const std::string& state_name, const OwnedSlice& slice) {
+  if (state_name == "momentum") return {momentum_.data() + slice.state_offset, static_cast<size_t>(slice.numel())};
+  if (state_name == "exp_avg" || state_name == "exp_avg_sq") return adamw_opt_.state(state_name, slice);
   throw Error("muon", "state", "no state named '" + state_name + "'; Muon holds momentum, exp_avg, exp_avg_sq");
 }
 
@@ -122,7 +148,7 @@ void Muon::step(nn::ParameterStore& store, float lr) {
     auto [rows, cols] = matrix_dims(p);
     float* w = values + p.offset;
     const float* g = grads + p.offset;
-    float* buf = momentum_.data() + p.offset;
+    float* buf = momentum_.data() + ownership().find(e)->state_offset;
     float* u = update_.data();
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < p.numel; ++i) {
@@ -139,7 +165,7 @@ void Muon::step(nn::ParameterStore& store, float lr) {
     for (int64_t i = 0; i < p.numel; ++i) w[i] = w[i] * decay - step_size * o[i];
   }
   last_ns_seconds_ = ns_seconds;
-  if (!adamw_.empty()) adamw_opt_.step(store, lr, adamw_);
+  if (!adamw_slices_.empty()) adamw_opt_.step(store, lr, adamw_slices_);
 }
 
 }  // namespace keel::optim

@@ -61,13 +61,20 @@ class Muon : public Optimizer {
  public:
   // Throws keel::Error (field "force_muon") when a pattern forces Muon onto a 0-D or 1-D parameter.
   Muon(const nn::ParameterStore& store, MuonConfig config);
+  // Owns only these slices (ZeRO-1 with distributed Muon): a Muon matrix must be owned whole,
+  // and Newton–Schulz runs here only for the matrices owned.
+  Muon(const nn::ParameterStore& store, MuonConfig config, Ownership ownership);
+  // The store entries Muon updates under `config` (the rest go to AdamW), in store order. Throws
+  // keel::Error (field "force_muon") when a pattern forces Muon onto a 0-D or 1-D parameter.
+  static std::vector<size_t> route(const nn::ParameterStore& store, const MuonConfig& config);
 
   std::string name() const override { return "muon"; }
   // One update of every parameter from the store's gradients at learning rate lr.
   void step(nn::ParameterStore& store, float lr) override;
 
   bool uses_muon(const std::string& name) const;
-  const std::vector<size_t>& muon_entries() const { return muon_; }    // indices into store.entries()
+  // Owned entries of each group: indices into store.entries().
+  const std::vector<size_t>& muon_entries() const { return muon_; }
   const std::vector<size_t>& adamw_entries() const { return adamw_; }
   // Multiplier on lr·O for a (rows, cols) matrix under the configured scaling; o (numel floats)
   // is the orthogonalized update, read only by UpdateNorm.
@@ -79,7 +86,10 @@ class Muon : public Optimizer {
   // momentum (Muon matrices) and its AdamW group's exp_avg, exp_avg_sq; all store-shaped.
   std::vector<std::string> state_names() const override { return {"momentum", "exp_avg", "exp_avg_sq"}; }
   std::span<float> state(const std::string& state_name, const nn::ParamInfo& p) override;
-  // Momentum of the Muon matrices at the store's offsets (zero elsewhere); checkpoint under a name.
+  const Ownership& ownership() const override { return adamw_opt_.ownership(); }
+  std::span<float> state(const std::string& state_name, const OwnedSlice& slice) override;
+  // Momentum of the Muon matrices at the ownership's state offsets (the store's own in one
+  // process; zero elsewhere).
   FloatBuffer& momentum_buffer() { return momentum_; }
   AdamW& adamw() { return adamw_opt_; }
   // Wall time of the Newton–Schulz calls in the last step(), seconds.
@@ -88,6 +98,7 @@ class Muon : public Optimizer {
  private:
   MuonConfig config_;
   std::vector<size_t> muon_, adamw_;
+  std::vector<size_t> adamw_slices_;  // indices into ownership().slices() of the AdamW group
   std::vector<std::string> muon_names_;
   FloatBuffer momentum_;
   FloatBuffer update_, ortho_, workspace_;  // scratch sized for the largest Muon matrix

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "keel/nn/parameters.hpp"
+#include "keel/optim/ownership.hpp"
 
 namespace keel::optim {
 
@@ -27,7 +28,14 @@ class Optimizer {
   // exp_avg_sq), in the order a checkpoint stores them for each parameter.
   virtual std::vector<std::string> state_names() const = 0;
   // State `state_name` of parameter p: p.numel floats (layout of the parameter itself).
+  // Only for an optimizer that owns every parameter (one process).
   virtual std::span<float> state(const std::string& state_name, const nn::ParamInfo& p) = 0;
+
+  // What it updates and keeps state for (ownership.hpp): everything in one process, this rank's
+  // slices under ZeRO-1.
+  virtual const Ownership& ownership() const = 0;
+  // State `state_name` of one of its owned slices: slice.numel() floats.
+  virtual std::span<float> state(const std::string& state_name, const OwnedSlice& slice) = 0;
 };
 
 }  // namespace keel::optim

@@ -34,21 +34,29 @@ void WindowSampler::fill(int64_t k0, int64_t sequences, std::vector<int32_t>& to
   }
 }
 
-DatasetBatches::DatasetBatches(const data::TokenDataset& ds, const RunConfig& config, const FaultPlan* faults)
-    : sampler_(ds, config.seq_len, config.seed, config.dataset), config_(config), faults_(faults) {}
+DatasetBatches::DatasetBatches(const data::TokenDataset& ds, const RunConfig& config, const FaultPlan* faults, int rank,
+                               int world)
+    : sampler_(ds, config.seq_len, config.seed, config.dataset), config_(config), faults_(faults), rank_(rank),
+      world_(world) {}
 
 void DatasetBatches::plan(const TrainState& state, StepContext& step) {
-  step.micro_batches = accumulation_at(config_.ramp, config_.grad_accum, state.tokens);
-  step.sequences = step.micro_batches * config_.sequences;
+  local_micro_batches_ = accumulation_at(config_.ramp, config_.grad_accum, state.tokens);
+  step_start_ = state.sequences;
+  step.micro_batches = local_micro_batches_;  // what this rank runs
+  step.sequences = local_micro_batches_ * world_ * config_.sequences;
   step.predicted = step.sequences * config_.seq_len;
 }
 
-void DatasetBatches::draw(int64_t /*index*/, TrainState& state, MicroBatch& out) {
+void DatasetBatches::draw(int64_t index, TrainState& state, MicroBatch& out) {
   out.sequences = config_.sequences;
   out.seq_len = config_.seq_len;
-  sampler_.fill(state.sequences, config_.sequences, out.tokens, out.targets);
-  if (faults_ && faults_->poisoned(state.sequences)) faults_->poison(state.sequences, out.tokens, out.targets);
-  state.sequences += config_.sequences;
+  const int64_t k0 = step_start_ + (rank_ * local_micro_batches_ + index) * config_.sequences;
+  sampler_.fill(k0, config_.sequences, out.tokens, out.targets);
+  if (faults_ && faults_->poisoned(k0)) faults_->poison(k0, out.tokens, out.targets);
+  // The cursor moves past the whole step's windows, every rank's, once this rank has drawn its last.
+  const bool last = index + 1 == local_micro_batches_;
+  state.sequences = last ? step_start_ + world_ * local_micro_batches_ * config_.sequences
+                         : step_start_ + (index + 1) * config_.sequences;
 }
 
 TokenFileBatches::TokenFileBatches(const std::vector<std::vector<int32_t>>& lines, int64_t per_step, std::string path)

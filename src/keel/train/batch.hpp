@@ -44,9 +44,13 @@ class WindowSampler {
 
 // Micro-batches of `sequences` windows each; gradient accumulation (and the batch ramp through
 // it) sets how many a step takes. Poisoned cursors (faults) get random tokens instead.
+// Data parallel over `world` ranks: a step is world × accumulation micro-batches of the one data
+// order, rank r taking the r-th contiguous run of them, so N ranks see exactly the windows one
+// process sees at N times the accumulation; step.sequences and step.predicted are the global ones.
 class DatasetBatches : public BatchSource {
  public:
-  DatasetBatches(const data::TokenDataset& ds, const RunConfig& config, const FaultPlan* faults);
+  DatasetBatches(const data::TokenDataset& ds, const RunConfig& config, const FaultPlan* faults, int rank = 0,
+                 int world = 1);
   void plan(const TrainState& state, StepContext& step) override;
   void draw(int64_t index, TrainState& state, MicroBatch& out) override;
 
@@ -54,6 +58,8 @@ class DatasetBatches : public BatchSource {
   WindowSampler sampler_;
   const RunConfig& config_;
   const FaultPlan* faults_;
+  int rank_, world_;
+  int64_t step_start_ = 0, local_micro_batches_ = 0;  // the planned step's cursor and this rank's share
 };
 
 // The lines of a token file, `per_step` a step (all when 0), cycling back to the first line

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "keel/core/error.hpp"
@@ -83,12 +84,20 @@ void CheckpointWriter::tensor(const std::string& file, const std::string& name, 
 }
 
 void CheckpointWriter::write(const std::string& dir, int64_t step) const {
+  write_tensors(dir, step);
+  write_state(dir, checksums_);
+}
+
+void CheckpointWriter::write_tensors(const std::string& dir, int64_t step) const {
   for (const File& f : files_) {
     io::write_safetensors((fs::path(dir) / f.name).string(), f.tensors, f.metadata);
     crash_point("checkpoint", step);
   }
+}
+
+void CheckpointWriter::write_state(const std::string& dir, const nlohmann::json& checksums) const {
   nlohmann::json st = state_;
-  st["checksums"] = checksums_;
+  st["checksums"] = checksums;
   write_file_atomic((fs::path(dir) / "state.json").string(), st.dump(1) + "\n");
 }
 
@@ -149,6 +158,7 @@ std::vector<std::string> Checkpoint::names() const {
 }
 
 std::string Checkpoint::save(const std::string& run_dir, int64_t step, int64_t keep) const {
+  if (comm_ && comm_->size() > 1) return save_collective(run_dir, step, keep);
   const fs::path root = fs::path(run_dir) / kCheckpointsDir;
   const fs::path final_dir = root / checkpoint_dir_name(step);
   const fs::path tmp = root / (checkpoint_dir_name(step) + ".tmp-" + std::to_string(::getpid()));
@@ -178,9 +188,106 @@ std::string Checkpoint::save(const std::string& run_dir, int64_t step, int64_t k
 }
 
 void Checkpoint::load(const std::string& checkpoint_dir) {
+  if (comm_ && comm_->size() > 1) return load_collective(checkpoint_dir);
   CheckpointReader in(checkpoint_dir);
   for (const auto& [name, part] : parts_) part->check(in);
   for (const auto& [name, part] : parts_) part->load(in);
+}
+
+namespace {
+
+// An error as one string, so it can travel to the other ranks and be thrown there the same.
+std::string encode_failure(const Error& e, bool corrupt) {
+  return nlohmann::json{{"file", e.file()}, {"field", e.field()}, {"reason", e.reason()}, {"corrupt", corrupt}}.dump();
+}
+
+// Runs `work` on every rank; when it fails anywhere, every rank throws the first failure.
+template <class Work>
+void all_or_none(dist::Communicator& comm, Work&& work) {
+  std::string mine;
+  try {
+    work();
+  } catch (const CheckpointCorrupt& e) {
+    mine = encode_failure(e, true);
+  } catch (const Error& e) {
+    mine = encode_failure(e, false);
+  } catch (const std::exception& e) {
+    mine = encode_failure(Error("rank " + std::to_string(comm.rank()), "", e.what()), false);
+  }
+  const std::string failure = comm.first_failure(mine);
+  if (failure.empty()) return;
+  const nlohmann::json f = nlohmann::json::parse(failure);
+  const std::string file = f["file"], field = f["field"], reason = f["reason"];
+  if (f["corrupt"].get<bool>()) {
+    CheckpointCorrupt e(file, field, reason);
+    e.set_everywhere();
+    throw e;
+  }
+  Error e(file, field, reason);
+  e.set_everywhere();
+  throw e;
+}
+
+}  // namespace
+
+std::string Checkpoint::save_collective(const std::string& run_dir, int64_t step, int64_t keep) const {
+  dist::Communicator& comm = *comm_;
+  const fs::path root = fs::path(run_dir) / kCheckpointsDir;
+  const fs::path final_dir = root / checkpoint_dir_name(step);
+  // One temporary folder for all ranks, named by rank 0.
+  const fs::path tmp = comm.broadcast((root / (checkpoint_dir_name(step) + ".tmp-" + std::to_string(::getpid()))).string());
+  all_or_none(comm, [&] {
+    if (!comm.is_root()) return;
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) throw Error(root.string(), "", "cannot create the checkpoint folder: " + ec.message());
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw Error(tmp.string(), "", "cannot create: " + ec.message());
+  });
+  CheckpointWriter out;
+  try {
+    all_or_none(comm, [&] {
+      for (const auto& [name, part] : parts_) {
+        if (comm.is_root() || part->every_rank()) part->save(out);
+      }
+      out.write_tensors(tmp.string(), step);
+      fsync_path(tmp);
+    });
+    // Every rank's files are on disk: only now may the checkpoint become complete.
+    const std::vector<std::string> sums = comm.gather_strings(out.checksums().dump());
+    all_or_none(comm, [&] {
+      if (!comm.is_root()) return;
+      nlohmann::json all = nlohmann::json::object();
+      for (const std::string& s : sums) all.update(nlohmann::json::parse(s));
+      out.write_state(tmp.string(), all);
+      fsync_path(tmp);
+      std::error_code ec;
+      fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
+      fs::rename(tmp, final_dir, ec);
+      if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
+      fsync_path(root);
+      write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
+      fsync_path(final_dir);
+      prune(run_dir, root, keep);
+    });
+  } catch (...) {
+    std::error_code ec;
+    if (comm.is_root()) fs::remove_all(tmp, ec);
+    throw;
+  }
+  return final_dir.string();
+}
+
+void Checkpoint::load_collective(const std::string& checkpoint_dir) {
+  std::optional<CheckpointReader> in;
+  all_or_none(*comm_, [&] {
+    in.emplace(checkpoint_dir);
+    for (const auto& [name, part] : parts_) part->check(*in);
+  });
+  all_or_none(*comm_, [&] {
+    for (const auto& [name, part] : parts_) part->load(*in);
+  });
 }
 
 int64_t checkpoint_step(const std::string& checkpoint_dir) {

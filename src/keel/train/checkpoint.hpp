@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/error.hpp"
+#include "keel/dist/communicator.hpp"
 #include "keel/io/safetensors.hpp"
 
 namespace keel::train {
@@ -45,6 +46,11 @@ class CheckpointWriter {
 
   // Writes the files and state.json (with the checksums) into dir.
   void write(const std::string& dir, int64_t step) const;  // step: for crash_point only
+  // The two halves of write(): the tensor files, then state.json with these checksums (a
+  // data-parallel checkpoint's: every rank's).
+  void write_tensors(const std::string& dir, int64_t step) const;
+  void write_state(const std::string& dir, const nlohmann::json& checksums) const;
+  const nlohmann::json& checksums() const { return checksums_; }
 
  private:
   struct File {
@@ -81,6 +87,8 @@ class Stateful {
  public:
   virtual ~Stateful() = default;
   virtual void save(CheckpointWriter& out) const = 0;
+  // Saved by every rank of a data-parallel run (its shard, in its own files), not by rank 0 alone.
+  virtual bool every_rank() const { return false; }
   // Refuses a checkpoint that is not this run's (another model config, another optimizer) before
   // any part loads anything.
   virtual void check(const CheckpointReader& in) const { (void)in; }
@@ -88,8 +96,16 @@ class Stateful {
 };
 
 // The named parts of a run; saving or loading a checkpoint saves or loads each, in order.
+// Data parallel (set_comm): saving is collective — rank 0 writes the shared parts, every rank its
+// shard into the same temporary folder, and only after every rank has written does rank 0 write
+// state.json (all ranks' checksums), rename the folder into place and write COMMIT; a rank that
+// dies mid-write leaves no complete checkpoint. Loading is collective too: when any rank fails,
+// every rank throws that rank's error, so all take the same path (try an older one, abort).
 class Checkpoint {
  public:
+  void set_comm(dist::Communicator* comm) { comm_ = comm; }
+  // Whether this process writes the shared files (one process, or rank 0).
+  bool leads() const { return !comm_ || comm_->is_root(); }
   void add(const std::string& name, Stateful& part) { parts_.emplace_back(name, &part); }
   std::vector<std::string> names() const;
 
@@ -101,7 +117,11 @@ class Checkpoint {
   void load(const std::string& checkpoint_dir);
 
  private:
+  std::string save_collective(const std::string& run_dir, int64_t step, int64_t keep) const;
+  void load_collective(const std::string& checkpoint_dir);
+
   std::vector<std::pair<std::string, Stateful*>> parts_;
+  dist::Communicator* comm_ = nullptr;
 };
 
 // The step a checkpoint folder ("…/step_00000120") holds.

@@ -4,7 +4,7 @@ namespace keel::train {
 
 void Checkpointing::save(const TrainState& state) {
   const std::string dir = checkpoint_.save(run_dir_, state.step, keep_);
-  if (faults_) faults_->after_checkpoint(state.step, dir);
+  if (faults_ && checkpoint_.leads()) faults_->after_checkpoint(state.step, dir);
 }
 
 void Checkpointing::after_step(const TrainState& state) {

@@ -12,7 +12,8 @@ namespace keel::train {
 
 class EventLog {
  public:
-  // fresh: start an empty file (a new run); otherwise append (a resumed one).
+  // fresh: start an empty file (a new run); otherwise append (a resumed one). An empty path
+  // writes nothing (the ranks of a data-parallel run other than 0).
   EventLog(const std::string& path, bool fresh);
   void write(const nlohmann::json& event);
 

@@ -27,13 +27,13 @@ bool contains(const std::vector<int64_t>& steps, int64_t step) {
 
 }  // namespace
 
-FaultPlan::FaultPlan(const RunConfig& c, int64_t vocab_size)
+FaultPlan::FaultPlan(const RunConfig& c, int64_t vocab_size, int world)
     : seed_(c.seed), seq_len_(c.seq_len), vocab_size_(vocab_size), nan_grad_steps_(c.nan_grad_steps),
       damage_pending_(c.corrupt_checkpoint_steps) {
   // The cursor ranges the listed steps draw in the uninterrupted run.
   TrainState sim;
   for (int64_t s = 1; s <= c.steps; ++s) {
-    const int64_t drawn = accumulation_at(c.ramp, c.grad_accum, sim.tokens) * c.sequences;
+    const int64_t drawn = accumulation_at(c.ramp, c.grad_accum, sim.tokens) * c.sequences * world;
     if (contains(c.poison_steps, s)) poisoned_.emplace_back(sim.sequences, sim.sequences + drawn);
     sim.sequences += drawn;
     sim.tokens += drawn * c.seq_len;
@@ -58,6 +58,8 @@ void FaultPlan::poison(int64_t cursor, std::vector<int32_t>& tokens, std::vector
 void FaultPlan::after_backward(int64_t step, nn::ParameterStore& store) const {
   if (contains(nan_grad_steps_, step) && store.size() > 0) store.grads()[static_cast<size_t>(store.size() / 2)] = std::nanf("");
 }
+
+bool FaultPlan::touches_gradients(int64_t step) const { return contains(nan_grad_steps_, step); }
 
 void FaultPlan::after_checkpoint(int64_t step, const std::string& dir) {
   if (auto it = std::find(damage_pending_.begin(), damage_pending_.end(), step); it != damage_pending_.end()) {

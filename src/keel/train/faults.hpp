@@ -15,7 +15,8 @@ namespace keel::train {
 
 class FaultPlan {
  public:
-  FaultPlan(const RunConfig& config, int64_t vocab_size);
+  // world: the data-parallel ranks (a step draws world × accumulation micro-batches).
+  FaultPlan(const RunConfig& config, int64_t vocab_size, int world = 1);
 
   bool poisoned(int64_t cursor) const;
   // Uniformly random tokens and targets for the micro-batch drawn at `cursor`, the same for a
@@ -23,6 +24,8 @@ class FaultPlan {
   void poison(int64_t cursor, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) const;
   // After the backward pass of `step`: a NaN in one gradient element if the step is listed.
   void after_backward(int64_t step, nn::ParameterStore& store) const;
+  // Whether after_backward changes this step's gradients.
+  bool touches_gradients(int64_t step) const;
   // After the checkpoint of `step` was saved into `dir`: flips bytes in its weights if listed.
   void after_checkpoint(int64_t step, const std::string& dir);
 

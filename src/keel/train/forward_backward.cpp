@@ -34,15 +34,19 @@ void observe(const nn::TransformerModel& model, int64_t micro_batches, StepMonit
 
 }  // namespace
 
-void forward_backward(nn::TransformerModel& model, BatchSource& batches, TrainState& state, StepContext& step) {
+void forward_backward(nn::TransformerModel& model, BatchSource& batches, TrainState& state, StepContext& step,
+                      const LayerDone& layer_done) {
   model.parameters().zero_grad();
   reset_monitors(model.spec(), step.monitors);
   step.ce_sum = step.z_sum = 0;
   MicroBatch mb;
   for (int64_t a = 0; a < step.micro_batches; ++a) {
     batches.draw(a, state, mb);
+    const bool last = a + 1 == step.micro_batches;
+    model.set_block_backward_hook(last ? layer_done : LayerDone{});
     auto r = model.forward_backward(mb.tokens.data(), mb.targets.data(), mb.sequences, mb.seq_len,
                                     1.0f / static_cast<float>(step.predicted));
+    model.set_block_backward_hook({});
     step.ce_sum += r.ce_sum;
     step.z_sum += r.z_sum;
     observe(model, step.micro_batches, step.monitors);

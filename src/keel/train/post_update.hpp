@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "keel/arch/model_spec.hpp"
+#include "keel/dist/communicator.hpp"
 #include "keel/nn/model.hpp"
 #include "keel/train/step.hpp"
 
@@ -25,7 +26,9 @@ class PostUpdateHook {
 
 class RouterBiasHook : public PostUpdateHook {
  public:
-  RouterBiasHook(nn::TransformerModel& model, float speed) : model_(model), speed_(speed) {}
+  // comm: data parallel, the expert loads are summed over the ranks before the biases move.
+  RouterBiasHook(nn::TransformerModel& model, float speed, dist::Communicator* comm = nullptr)
+      : model_(model), speed_(speed), comm_(comm) {}
   void after_update(StepContext& step) override;
   // A dropped or abandoned step's routing steers nothing: its counts are discarded.
   void after_skip(StepContext& step) override;
@@ -34,6 +37,7 @@ class RouterBiasHook : public PostUpdateHook {
  private:
   nn::TransformerModel& model_;
   float speed_;
+  dist::Communicator* comm_;
 };
 
 // Reports the heads it clipped as the metrics line's qk_clip_heads.

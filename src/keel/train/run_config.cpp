@@ -40,11 +40,11 @@ void apply_override(toml::table& root, const std::string& item, const std::strin
 
 // Every top-level key must be a known [section]: a misspelt section would otherwise be ignored.
 void check_sections(const toml::table& root, const std::string& source) {
-  static const std::set<std::string> sections = {"run", "model", "data", "batch", "optimizer", "schedule", "eval", "checkpoint", "spikes", "faults"};
+  static const std::set<std::string> sections = {"run", "model", "data", "batch", "optimizer", "schedule", "eval", "checkpoint", "spikes", "faults", "dist"};
   for (const auto& [key, value] : root) {
     if (!sections.contains(std::string(key.str()))) {
       throw Error(source, std::string(key.str()),
-                  "unknown section; supported: run, model, data, batch, optimizer, schedule, eval, checkpoint, spikes, faults");
+                  "unknown section; supported: run, model, data, batch, optimizer, schedule, eval, checkpoint, spikes, faults, dist");
     }
     if (!value.is_table()) throw Error(source, std::string(key.str()), "expected a [section]");
   }
@@ -190,6 +190,12 @@ void read_checkpoint_section(TomlSection ckpt, RunConfig& c) {
   ckpt.finish();
 }
 
+// [dist]: data parallelism (docs/distributed.md); the world size comes from mpirun.
+void read_dist_section(TomlSection dist, RunConfig& c) {
+  c.dist_overlap = dist.boolean("overlap").value_or(c.dist_overlap);
+  dist.finish();
+}
+
 // [spikes]: the loss-spike guard's policy, window and limits.
 void read_spikes_section(TomlSection spikes, RunConfig& c) {
   try {
@@ -247,6 +253,7 @@ RunConfig type_config(const toml::table& root, const std::string& source) {
   read_schedule_section(section("schedule"), c);
   read_eval_section(section("eval"), c);
   read_checkpoint_section(section("checkpoint"), c);
+  read_dist_section(section("dist"), c);
   read_spikes_section(section("spikes"), c);
   read_faults_section(section("faults"), c);
   return c;
@@ -309,6 +316,7 @@ std::string to_toml(const RunConfig& c) {
                                        {"tails", tails}});
   root.insert("eval", toml::table{{"every", c.eval_every}, {"batches", c.eval_batches}});
   root.insert("checkpoint", toml::table{{"every", c.checkpoint_every}, {"keep", c.checkpoint_keep}});
+  root.insert("dist", toml::table{{"overlap", c.dist_overlap}});
   root.insert("spikes", toml::table{{"policy", to_string(c.spikes.policy)}, {"window", c.spikes.window},
                                      {"threshold", c.spikes.threshold}, {"min_history", c.spikes.min_history},
                                      {"max_skips", c.spikes.max_skips}, {"max_rollbacks", c.spikes.max_rollbacks},

@@ -57,6 +57,8 @@ struct RunConfig {
   // [checkpoint]
   int64_t checkpoint_every = 0;           // 0 = only at the end
   int64_t checkpoint_keep = 3;
+  // [dist]: data parallelism under mpirun (docs/distributed.md)
+  bool dist_overlap = true;               // reduce each block's gradients while backward computes the blocks below
   // [spikes]
   SpikeConfig spikes;
   // [faults]: deliberate faults for testing the recovery paths (docs/training.md, "Spikes").

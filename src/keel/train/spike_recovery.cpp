@@ -60,8 +60,10 @@ IntactCheckpoint load_newest_intact(const std::string& run_dir, Checkpoint& chec
       if (!found.newest_damage) found.newest_damage = e;
       const fs::path aside = fs::path(*it).parent_path() / ("corrupt_" + fs::path(*it).filename().string());
       std::error_code ec;
-      fs::remove_all(aside, ec);
-      fs::rename(*it, aside, ec);
+      if (checkpoint.leads()) {  // every rank failed it together (Checkpoint::load); one moves it aside
+        fs::remove_all(aside, ec);
+        fs::rename(*it, aside, ec);
+      }
       events.write({{"step", at_step}, {"type", "checkpoint_corrupt"}, {"checkpoint", *it}, {"reason", e.what()}});
       say("keel: checkpoint " + *it + " is damaged (" + e.reason() + "); trying an older one");
     }

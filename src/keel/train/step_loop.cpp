@@ -23,7 +23,7 @@ StepFate decide_and_update(TrainerParts& p, TrainState& state, StepContext& step
     step.fate = p.spikes->before_update(step, state, *p.checkpoint);
     if (step.fate != StepFate::Apply) return step.fate;
   }
-  clip_gradients(p.model->parameters(), p.clip);
+  clip_gradients(p.model->parameters(), p.clip, step.grad_norm);
   if (!p.update->apply(step) && p.spikes) {
     step.fate = p.spikes->after_nonfinite_update(step, state, *p.checkpoint);
     if (step.fate == StepFate::Skip) p.update->undo(step);
@@ -54,11 +54,15 @@ double run_steps(TrainerParts& p, TrainState& state, int64_t last_step) {
   for (MetricsSink* m : p.metrics) m->begin(state);
   while (state.step < last_step) {
     StepContext step = begin_step(p, state);
-    forward_backward(*p.model, *p.batches, state, step);
+    p.reducer->begin_step();
+    // A step whose gradients a fault will poison after backward reduces them all afterwards.
+    const bool early = p.reducer->overlaps() && !(p.faults && p.faults->touches_gradients(step.step));
+    forward_backward(*p.model, *p.batches, state, step,
+                     early ? [&](int64_t layer) { p.reducer->layer_ready(store, layer); } : LayerDone{});
     if (p.faults) p.faults->after_backward(step.step, store);
     p.reducer->reduce(store, step);
     step.loss = step_loss(*p.model, step);
-    step.grad_norm = optim::global_grad_norm(store.grads());  // before clipping
+    step.grad_norm = p.reducer->grad_norm(store);  // before clipping
     step.lr = p.lr_at(step.step, state.tokens);
     if (decide_and_update(p, state, step) == StepFate::RolledBack) {
       for (PostUpdateHook* h : p.hooks) h->after_rollback();

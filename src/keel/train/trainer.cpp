@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <algorithm>
 #include <sstream>
 
 #include "keel/arch/config_file.hpp"
@@ -15,6 +16,7 @@
 #include "keel/io/run_lock.hpp"
 #include "keel/nn/model.hpp"
 #include "keel/train/checkpoint.hpp"
+#include "keel/train/data_parallel.hpp"
 #include "keel/train/optimizer_factory.hpp"
 #include "keel/train/progress.hpp"
 #include "keel/train/run_dir.hpp"
@@ -61,8 +63,45 @@ data::TokenDataset open_train_set(const RunConfig& c, const arch::ModelSpec& spe
   return train_set;
 }
 
+// The optimizer of this process: the whole one alone, this rank's ZeRO-1 shard (gathering the
+// parameters after each step) in a data-parallel run.
+std::unique_ptr<optim::Optimizer> make_run_optimizer(const RunConfig& c, const nn::TransformerModel& model,
+                                                     dist::Communicator& comm, const dist::ShardPlan& plan) {
+  if (comm.size() == 1) return make_optimizer(c, model);
+  const optim::Ownership mine = plan.ownership(comm.rank());
+  return std::make_unique<ShardedOptimizer>(make_optimizer(c, model, &mine), comm, plan);
+}
+
+std::unique_ptr<GradientReducer> make_reducer(const RunConfig& c, dist::Communicator& comm, const dist::ShardPlan& plan,
+                                              const nn::TransformerModel& model) {
+  if (comm.size() == 1) return std::make_unique<SingleProcessReducer>();
+  return std::make_unique<DataParallelReducer>(comm, plan, model.parameters(), model.spec().num_layers,
+                                               c.dist_overlap);
+}
+
+// Puts where a data-parallel step's communication time went on its metrics line.
+class CommTimesHook : public PostUpdateHook {
+ public:
+  CommTimesHook(const GradientReducer& reducer, const optim::Optimizer& optimizer)
+      : reducer_(dynamic_cast<const DataParallelReducer*>(&reducer)),
+        optimizer_(dynamic_cast<const ShardedOptimizer*>(&optimizer)) {}
+  void after_update(StepContext& step) override { report(step); }
+  void after_skip(StepContext& step) override { report(step); }
+
+ private:
+  void report(StepContext& step) const {
+    if (!reducer_) return;
+    const double gather = optimizer_ && !step.skipped() ? optimizer_->last_gather_seconds() : 0.0;
+    step.extra["comm_exposed_s"] = reducer_->times().exposed + gather;
+    step.extra["comm_overlapped_s"] = reducer_->times().early;
+  }
+  const DataParallelReducer* reducer_;
+  const ShardedOptimizer* optimizer_;
+};
+
 // One `keel train --config` run: its parts, built in the order they need each other, and the
-// checkpoint they make up.
+// checkpoint they make up. Data parallel, every rank builds the same run; rank 0 alone writes
+// metrics, events, TensorBoard and progress.
 class ConfiguredRun {
  public:
   ConfiguredRun(const RunConfig& c, const std::string& run_dir, const json& model_config, bool resuming,
@@ -71,20 +110,24 @@ class ConfiguredRun {
 
  private:
   void resume_from_newest_intact();
+  void report_layout();
   TrainerParts parts();
 
   const RunConfig& c_;
+  dist::Communicator& comm_;
   const std::string run_dir_;
   const bool resuming_;
   const std::string config_hash_;
   const arch::ModelSpec spec_;
   std::unique_ptr<nn::TransformerModel> model_;
+  const dist::ShardPlan plan_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   data::TokenDataset train_set_, val_set_;
   FaultPlan faults_;
   DatasetBatches batches_;
-  SingleProcessReducer reducer_;
+  std::unique_ptr<GradientReducer> reducer_;
   UpdateStage update_;
+  CommTimesHook comm_times_;
   RouterBiasHook router_bias_;
   QkClipHook qk_clip_;
   EventLog events_;
@@ -97,41 +140,51 @@ class ConfiguredRun {
   Checkpoint checkpoint_;
   Checkpointing checkpointing_;
   Evaluation evaluation_;
-  MetricsFile metrics_;
+  std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<TensorBoardMetrics> tensorboard_;
 };
+
+dist::Communicator& comm_of(const TrainOptions& options) {
+  static dist::SingleProcess single;
+  return options.comm ? *options.comm : single;
+}
 
 ConfiguredRun::ConfiguredRun(const RunConfig& c, const std::string& run_dir, const json& model_config, bool resuming,
                              const TrainOptions& options)
     : c_(c),
+      comm_(comm_of(options)),
       run_dir_(run_dir),
       resuming_(resuming),
       config_hash_(config_hash(model_config)),
       spec_(run_spec(c, run_dir, model_config)),
       model_(make_model(spec_, c, resuming)),
-      optimizer_(make_optimizer(c, *model_)),
+      plan_(dist::plan_shards(model_->parameters(), comm_.size(), whole_matrices(c, model_->parameters()))),
+      optimizer_(make_run_optimizer(c, *model_, comm_, plan_)),
       train_set_(open_train_set(c, spec_)),
       val_set_(data::TokenDataset::open(c.dataset, "val")),
-      faults_(c, spec_.vocab_size),
-      batches_(train_set_, c, &faults_),
+      faults_(c, spec_.vocab_size, comm_.size()),
+      batches_(train_set_, c, &faults_, comm_.rank(), comm_.size()),
+      reducer_(make_reducer(c, comm_, plan_, *model_)),
       update_(model_->parameters(), *optimizer_, spec_.num_layers, /*measure=*/true),
-      router_bias_(*model_, static_cast<float>(c.router_bias_update_speed)),
+      comm_times_(*reducer_, *optimizer_),
+      router_bias_(*model_, static_cast<float>(c.router_bias_update_speed), &comm_),
       qk_clip_(model_->parameters(), spec_, static_cast<float>(c.qk_clip_tau)),
-      events_((fs::path(run_dir) / kEventsFile).string(), !resuming),
-      progress_(options.progress, c.steps, c.log_every),
+      events_(comm_.is_root() ? (fs::path(run_dir) / kEventsFile).string() : std::string(), !resuming),
+      progress_(comm_.is_root() ? options.progress : nullptr, c.steps, c.log_every),
       spikes_(c.spikes, run_dir, events_, [this](const std::string& text) { progress_.say(text); }),
       model_state_(*model_, config_hash_),
-      optimizer_state_(*optimizer_, model_->parameters()),
+      optimizer_state_(*optimizer_, model_->parameters(), comm_.rank(), comm_.size(),
+                       whole_matrices(c, model_->parameters())),
       train_record_(state_),
       checkpointing_(checkpoint_, run_dir, c.checkpoint_every, c.checkpoint_keep, c.steps, &faults_),
-      evaluation_(*model_, val_set_, c),
-      metrics_((fs::path(run_dir) / kMetricsFile).string(), spec_, !resuming) {
+      evaluation_(*model_, val_set_, c, &comm_) {
+  if (comm_.is_root()) metrics_ = std::make_unique<MetricsFile>((fs::path(run_dir) / kMetricsFile).string(), spec_, !resuming);
+  checkpoint_.set_comm(&comm_);
   checkpoint_.add("model", model_state_);
   checkpoint_.add("optimizer", optimizer_state_);
   checkpoint_.add("train", train_record_);
   checkpoint_.add("spike_guard", spikes_);
-  if (resuming_) resume_from_newest_intact();
-  if (options.tensorboard) tensorboard_ = std::make_unique<TensorBoardMetrics>((fs::path(run_dir) / "tensorboard").string());
+  if (options.tensorboard && comm_.is_root()) tensorboard_ = std::make_unique<TensorBoardMetrics>((fs::path(run_dir) / "tensorboard").string());
 }
 
 void ConfiguredRun::resume_from_newest_intact() {
@@ -140,14 +193,42 @@ void ConfiguredRun::resume_from_newest_intact() {
                                               [this](const std::string& text) { progress_.say(text); });
   if (!found.loaded && found.newest_damage) throw *found.newest_damage;
   if (!found.loaded) throw Error(run_dir_, "", "no intact checkpoint to resume from");
-  metrics_.rewind(state_.step);
+  if (metrics_) metrics_->rewind(state_.step);
+}
+
+// Data parallel: what each rank holds (events.jsonl, and a line of progress).
+void ConfiguredRun::report_layout() {
+  if (comm_.size() == 1) return;
+  const int64_t state_bytes = optimizer_->ownership().state_floats() *
+                              static_cast<int64_t>(optimizer_->state_names().size() * sizeof(float));
+  const std::vector<std::string> all = comm_.gather_strings(std::to_string(state_bytes));
+  json per_rank = json::array();
+  for (const std::string& b : all) per_rank.push_back(std::stoll(b));
+  const int64_t global_sequences = c_.sequences * c_.grad_accum * comm_.size();
+  events_.write({{"step", state_.step}, {"type", "data_parallel"}, {"world", comm_.size()},
+                 {"global_batch_sequences", global_sequences}, {"optimizer_state_bytes", per_rank},
+                 {"muon_matrices_per_rank", [&] {
+                    json m = json::array();
+                    for (int r = 0; r < comm_.size(); ++r) {
+                      int64_t n = 0;
+                      for (size_t i : plan_.owned[static_cast<size_t>(r)]) {
+                        const auto& w = whole_matrices(c_, model_->parameters());
+                        if (std::binary_search(w.begin(), w.end(), plan_.pieces[i].entry)) ++n;
+                      }
+                      m.push_back(n);
+                    }
+                    return m;
+                  }()}});
+  progress_.say("keel: data parallel over " + std::to_string(comm_.size()) + " ranks: global batch " +
+                std::to_string(global_sequences) + " sequences; optimizer state " +
+                std::to_string(per_rank[0].get<int64_t>()) + " bytes on rank 0 (ZeRO-1)");
 }
 
 TrainerParts ConfiguredRun::parts() {
   TrainerParts p;
   p.model = model_.get();
   p.batches = &batches_;
-  p.reducer = &reducer_;
+  p.reducer = reducer_.get();
   p.update = &update_;
   p.lr_at = [this](int64_t step, int64_t tokens) { return lr_at(c_.schedule, step, tokens); };
   p.clip = c_.clip;
@@ -156,8 +237,9 @@ TrainerParts ConfiguredRun::parts() {
   p.checkpoint = &checkpoint_;
   p.hooks.push_back(&router_bias_);  // DeepSeek-V3 §2.1.2, from this step's routing
   if (c_.qk_clip_tau > 0) p.hooks.push_back(&qk_clip_);  // Kimi K2 Algorithm 1, from this step's max logits
+  p.hooks.push_back(&comm_times_);
   p.evaluation = &evaluation_;
-  p.metrics = {&metrics_};
+  if (metrics_) p.metrics.push_back(metrics_.get());
   if (tensorboard_) p.metrics.push_back(tensorboard_.get());
   p.metrics.push_back(&progress_);
   p.checkpointing = &checkpointing_;
@@ -165,6 +247,9 @@ TrainerParts ConfiguredRun::parts() {
 }
 
 TrainResult ConfiguredRun::run() {
+  // Collective from here on: every rank has built its run (run_loop agreed on it).
+  if (resuming_) resume_from_newest_intact();
+  report_layout();
   // Rollback needs a checkpoint to return to from the very first step on.
   if (!resuming_ && c_.spikes.policy == SpikePolicy::Rollback) checkpointing_.save(state_);
   TrainerParts p = parts();
@@ -176,8 +261,9 @@ TrainResult ConfiguredRun::run() {
 
 TrainResult run_loop(const RunConfig& c, const std::string& run_dir, const json& model_config, bool resuming,
                      const TrainOptions& options) {
-  ConfiguredRun run(c, run_dir, model_config, resuming, options);
-  return run.run();
+  std::optional<ConfiguredRun> run;
+  dist::agree(comm_of(options), [&] { run.emplace(c, run_dir, model_config, resuming, options); });
+  return run->run();
 }
 
 json load_model_config(const RunConfig& c) {
@@ -203,6 +289,7 @@ void verify_run_data(const RunConfig& c) {
 }  // namespace
 
 TrainResult train(const RunConfig& config, const TrainOptions& options) {
+  dist::Communicator& comm = comm_of(options);
   const std::string run_dir = config.out;
   auto refuse_existing = [&] {
     if (latest_complete_checkpoint(run_dir)) {
@@ -210,29 +297,45 @@ TrainResult train(const RunConfig& config, const TrainOptions& options) {
                                           run_dir + "` or choose another run.out");
     }
   };
-  refuse_existing();
-  json model_config = load_model_config(config);
-  verify_run_data(config);
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) throw Error(run_dir, "run.out", "cannot create the run folder: " + ec.message());
-  const io::FolderLock lock = io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel train");
-  refuse_existing();  // again under the lock: another trainer may have finished in between
-  write_file_atomic((fs::path(run_dir) / kRunConfigFile).string(), to_toml(config));
-  write_file_atomic((fs::path(run_dir) / kModelConfigFile).string(), model_config.dump(2) + "\n");
+  json model_config;
+  dist::agree(comm, [&] {  // every rank reads and checks the same config and data
+    refuse_existing();
+    model_config = load_model_config(config);
+    verify_run_data(config);
+  });
+  std::optional<io::FolderLock> lock;
+  dist::agree(comm, [&] {  // rank 0 alone makes the run folder
+    if (!comm.is_root()) return;
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw Error(run_dir, "run.out", "cannot create the run folder: " + ec.message());
+    lock.emplace(io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel train"));
+    refuse_existing();  // again under the lock: another trainer may have finished in between
+    write_file_atomic((fs::path(run_dir) / kRunConfigFile).string(), to_toml(config));
+    write_file_atomic((fs::path(run_dir) / kModelConfigFile).string(), model_config.dump(2) + "\n");
+  });
   return run_loop(config, run_dir, model_config, false, options);
 }
 
 TrainResult resume(const std::string& run_dir, const std::vector<std::string>& overrides, TrainOptions options) {
+  dist::Communicator& comm = comm_of(options);
   const fs::path toml_path = fs::path(run_dir) / kRunConfigFile;
-  if (!fs::exists(toml_path)) throw Error(run_dir, "", "not a run folder (no run.toml)");
-  RunConfig c = load_run_config(toml_path.string(), overrides);
-  c.out = run_dir;
-  const std::string cfg_path = (fs::path(run_dir) / kModelConfigFile).string();
-  json model_config = arch::parse_config_text(read_file(cfg_path, "the run's model config"), cfg_path);
-  verify_run_data(c);
-  const io::FolderLock lock = io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel train --resume");
-  if (!overrides.empty()) write_file_atomic(toml_path.string(), to_toml(c));
+  RunConfig c;
+  json model_config;
+  dist::agree(comm, [&] {
+    if (!fs::exists(toml_path)) throw Error(run_dir, "", "not a run folder (no run.toml)");
+    c = load_run_config(toml_path.string(), overrides);
+    c.out = run_dir;
+    const std::string cfg_path = (fs::path(run_dir) / kModelConfigFile).string();
+    model_config = arch::parse_config_text(read_file(cfg_path, "the run's model config"), cfg_path);
+    verify_run_data(c);
+  });
+  std::optional<io::FolderLock> lock;
+  dist::agree(comm, [&] {
+    if (!comm.is_root()) return;
+    lock.emplace(io::FolderLock::acquire(run_dir, io::kRunLockFile, "keel train --resume"));
+    if (!overrides.empty()) write_file_atomic(toml_path.string(), to_toml(c));
+  });
   options.resume = true;
   return run_loop(c, run_dir, model_config, true, options);
 }

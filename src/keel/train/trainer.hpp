@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <string>
 
+#include "keel/dist/communicator.hpp"
 #include "keel/train/run_config.hpp"
 
 namespace keel::train {
@@ -26,6 +27,8 @@ struct TrainOptions {
   bool resume = false;      // continue RUN_DIR from its newest complete checkpoint
   bool tensorboard = false; // also write TensorBoard event files into RUN_DIR/tensorboard
   FILE* progress = stdout;  // progress lines; a terminal gets one live line
+  // The processes of a data-parallel run (docs/distributed.md); null: this process alone.
+  dist::Communicator* comm = nullptr;
 };
 
 // Starts the run described by `config` (a fresh run folder: an existing run with checkpoints is

@@ -8,8 +8,8 @@
 
 namespace keel::train {
 
-void clip_gradients(nn::ParameterStore& store, double max_norm) {
-  if (max_norm > 0) optim::clip_grad_norm(store.grads(), max_norm);
+void clip_gradients(nn::ParameterStore& store, double max_norm, double norm) {
+  if (max_norm > 0) optim::scale_to_max_norm(store.grads(), norm, max_norm);
 }
 
 UpdateStage::UpdateStage(nn::ParameterStore& store, optim::Optimizer& optimizer, int64_t layers, bool measure)

@@ -12,8 +12,9 @@
 
 namespace keel::train {
 
-// Clips the gradients to a global norm of max_norm (0 = off).
-void clip_gradients(nn::ParameterStore& store, double max_norm);
+// Clips the gradients to a global norm of max_norm (0 = off), given their global norm (the
+// reducer's: with ZeRO-1 each process holds only the gradients it updates).
+void clip_gradients(nn::ParameterStore& store, double max_norm, double norm);
 
 class UpdateStage {
  public:

@@ -1,0 +1,229 @@
+// world(): OpenMPI's world when keel is built with it and started by mpirun, otherwise one
+// process. The MPI calls of keel are all here (KEEL_WITH_MPI comes from CMake's find_package(MPI)).
+#include <climits>
+#include <cstring>
+#include <memory>
+
+#include "keel/core/error.hpp"
+#include "keel/dist/communicator.hpp"
+
+#ifdef KEEL_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace keel::dist {
+
+#ifdef KEEL_WITH_MPI
+namespace {
+
+int as_int(int64_t n, const char* what) {
+  if (n < 0 || n > INT_MAX) {
+    throw Error("mpi", what, "a message of " + std::to_string(n) + " floats exceeds MPI's int counts; use more ranks");
+  }
+  return static_cast<int>(n);
+}
+
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error("mpi", call, std::string(text, static_cast<size_t>(len)));
+}
+
+class MpiReduction : public PendingReduction {
+ public:
+  MpiReduction(const float* send, const std::vector<int64_t>& counts, float* recv, int rank)
+      : recv_(recv), mine_(counts[static_cast<size_t>(rank)]), ranks_(counts.size()) {
+    const size_t n = counts.size();
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    int64_t offset = 0;
+    for (size_t j = 0; j < n; ++j) {
+      sc[j] = as_int(counts[j], "send count");
+      sd[j] = as_int(offset, "send offset");
+      offset += counts[j];
+      rc[j] = as_int(mine_, "receive count");
+      rd[j] = as_int(static_cast<int64_t>(j) * mine_, "receive offset");
+    }
+    incoming_.resize(n * static_cast<size_t>(mine_));
+    check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, incoming_.data(), rc.data(), rd.data(), MPI_FLOAT,
+                             MPI_COMM_WORLD, &request_),
+              "MPI_Ialltoallv");
+  }
+  ~MpiReduction() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
+  bool progress() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+  void finish() override {
+    if (request_ != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    // Rank 0's part first, then each rank's in turn: the same order whatever arrived first.
+    const int64_t m = mine_;
+    const float* in = incoming_.data();
+    const size_t ranks = ranks_;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      float s = in[i];
+      for (size_t j = 1; j < ranks; ++j) s += in[static_cast<int64_t>(j) * m + i];
+      recv_[i] = s;
+    }
+  }
+
+ private:
+  float* recv_;
+  int64_t mine_;
+  size_t ranks_;
+  std::vector<float> incoming_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator() {
+    int provided = 0;
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    // A failed call returns an error here instead of ending the job, so it becomes a keel::Error.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::unique_ptr<PendingReduction> start_reduce_scatter(const float* send, const std::vector<int64_t>& counts,
+                                                         float* recv) override {
+    KEEL_CHECK(counts.size() == static_cast<size_t>(size_));
+    for (size_t j = 0; j < counts.size(); ++j) {
+      if (static_cast<int>(j) != rank_) sent_ += counts[j] * static_cast<int64_t>(sizeof(float));
+    }
+    return std::make_unique<MpiReduction>(send, counts, recv, rank_);
+  }
+
+  void all_gather(const float* mine, const std::vector<int64_t>& counts, float* out) override {
+    KEEL_CHECK(counts.size() == static_cast<size_t>(size_));
+    std::vector<int> rc(counts.size()), rd(counts.size());
+    int64_t offset = 0;
+    for (size_t j = 0; j < counts.size(); ++j) {
+      rc[j] = as_int(counts[j], "gather count");
+      rd[j] = as_int(offset, "gather offset");
+      offset += counts[j];
+    }
+    const int64_t own = counts[static_cast<size_t>(rank_)];
+    sent_ += own * static_cast<int64_t>(sizeof(float)) * (size_ - 1);
+    check_mpi(MPI_Allgatherv(mine, rc[static_cast<size_t>(rank_)], MPI_FLOAT, out, rc.data(), rd.data(), MPI_FLOAT,
+                             MPI_COMM_WORLD),
+              "MPI_Allgatherv");
+  }
+
+  void max(std::span<float> values) override {
+    sent_ += static_cast<int64_t>(values.size_bytes());
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), as_int(static_cast<int64_t>(values.size()), "max count"),
+                            MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD),
+              "MPI_Allreduce");
+  }
+
+  void sum(std::span<double> values) override {
+    const size_t n = values.size();
+    std::vector<double> all(n * static_cast<size_t>(size_));
+    sent_ += static_cast<int64_t>(values.size_bytes()) * (size_ - 1);
+    check_mpi(MPI_Allgather(values.data(), as_int(static_cast<int64_t>(n), "sum count"), MPI_DOUBLE, all.data(),
+                            static_cast<int>(n), MPI_DOUBLE, MPI_COMM_WORLD),
+              "MPI_Allgather");
+    for (size_t i = 0; i < n; ++i) {
+      double s = all[i];
+      for (int r = 1; r < size_; ++r) s += all[static_cast<size_t>(r) * n + i];
+      values[i] = s;
+    }
+  }
+
+  std::vector<std::string> gather_strings(const std::string& mine) override {
+    int len = as_int(static_cast<int64_t>(mine.size()), "string length");
+    std::vector<int> lens(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+    check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+    int total = 0;
+    for (int r = 0; r < size_; ++r) {
+      displs[static_cast<size_t>(r)] = total;
+      total += lens[static_cast<size_t>(r)];
+    }
+    std::string all(static_cast<size_t>(total), '\0');
+    check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                             MPI_COMM_WORLD),
+              "MPI_Allgatherv");
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r) {
+      out.push_back(all.substr(static_cast<size_t>(displs[static_cast<size_t>(r)]),
+                               static_cast<size_t>(lens[static_cast<size_t>(r)])));
+    }
+    return out;
+  }
+
+  std::string broadcast(const std::string& from_root) override {
+    int len = rank_ == 0 ? as_int(static_cast<int64_t>(from_root.size()), "string length") : 0;
+    check_mpi(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    std::string out = rank_ == 0 ? from_root : std::string(static_cast<size_t>(len), '\0');
+    check_mpi(MPI_Bcast(out.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    return out;
+  }
+
+  void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  [[noreturn]] void abort(int status) override {
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::exit(status);
+  }
+  int64_t bytes_sent() const override { return sent_; }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  int64_t sent_ = 0;
+};
+
+std::unique_ptr<Communicator>& world_slot() {
+  static std::unique_ptr<Communicator> slot;
+  return slot;
+}
+
+}  // namespace
+
+bool built_with_mpi() { return true; }
+
+Communicator& world() {
+  auto& slot = world_slot();
+  if (!slot) {
+    if (launched_by_mpirun()) slot = std::make_unique<MpiCommunicator>();
+    else slot = std::make_unique<SingleProcess>();
+  }
+  return *slot;
+}
+
+Communicator* current() { return world_slot().get(); }
+
+void finalize() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
+}
+
+#else
+
+bool built_with_mpi() { return false; }
+
+Communicator& world() {
+  if (launched_by_mpirun()) {
+    throw Error("mpirun", "", "this keel was built without MPI (no OpenMPI at configure time); rebuild with libopenmpi-dev");
+  }
+  static SingleProcess single;
+  return single;
+}
+
+Communicator* current() { return nullptr; }
+
+void finalize() {}
+
+#endif
+
+}  // namespace keel::dist
