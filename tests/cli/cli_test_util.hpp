@@ -26,10 +26,12 @@ inline std::string slurp(const std::string& path) {
 }
 
 // args are passed through the shell; quote them yourself if needed.
-inline CommandResult run_keel(const std::string& args) {
+// env: "NAME=value ..." set for this command only.
+inline CommandResult run_keel(const std::string& args, const std::string& env = "") {
   static int counter = 0;
   const std::string base = std::string(P_tmpdir) + "/keel_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  const std::string cmd = std::string(KEEL_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(KEEL_BINARY) + " " + args + " >" + base +
+                          ".out 2>" + base + ".err";
   int raw = std::system(cmd.c_str());
   CommandResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);

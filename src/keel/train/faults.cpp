@@ -89,7 +89,14 @@ void crash_point(const char* phase, int64_t step) {
     t.step = s;
     return t;
   }();
-  if (target.step == step && target.phase == phase) ::raise(SIGKILL);
+  // KEEL_CRASH_RANK=R: only data-parallel rank R dies (the others must not hang).
+  static const bool this_rank = [] {
+    const char* only = std::getenv("KEEL_CRASH_RANK");
+    if (only == nullptr || *only == '\0') return true;
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    return std::string(rank ? rank : "0") == only;
+  }();
+  if (target.step == step && target.phase == phase && this_rank) ::raise(SIGKILL);
 }
 
 void damage_checkpoint(const std::string& dir) {
