@@ -263,7 +263,7 @@ TEST_F(DataParallel, RouterBiasMovesByTheGlobalExpertLoad) {
 // makes the losses those of the shared-memory run exactly, whatever the transport.
 TEST_F(DataParallel, TwoNetworkNamespacesOverTcpMatchSharedMemory) {
   ASSERT_EQ(train("shm", 2, "--set run.steps=12").status, 0);
-  const std::string cmd = "/bin/sh " + testing::source_path("tests/dist/two_namespaces.sh") + " " + KEEL_BINARY +
+  const std::string cmd = "env " + std::string(kEnv) + " /bin/sh " + testing::source_path("tests/dist/two_namespaces.sh") + " " + KEEL_BINARY +
                           " train --config " + (dir_ / "run.toml").string() + " --set run.out=" + (dir_ / "tcp").string() +
                           " --set run.steps=12 > " + (dir_ / "tcp.log").string() + " 2>&1";
   const int raw = std::system(cmd.c_str());

@@ -64,6 +64,7 @@ DataParallelReducer::~DataParallelReducer() = default;
 void DataParallelReducer::begin_step() {
   for (auto& b : buckets_) b->pending.reset();
   times_ = {};
+  bytes_at_begin_ = comm_.bytes_sent();
 }
 
 void DataParallelReducer::start(nn::ParameterStore& store, Bucket& b) {

@@ -25,6 +25,7 @@ namespace keel::train {
 struct CommTimes {
   double exposed = 0;  // waited for in reduce() and the parameter gather: not hidden by compute
   double early = 0;    // spent packing and starting buckets during the backward pass
+  int64_t bytes = 0;   // handed to collectives since begin_step (through the parameter gather)
 };
 
 class DataParallelReducer : public GradientReducer {
@@ -42,6 +43,8 @@ class DataParallelReducer : public GradientReducer {
   double grad_norm(const nn::ParameterStore& store) override;
 
   const CommTimes& times() const { return times_; }
+  // Bytes this rank has sent since begin_step().
+  int64_t bytes_this_step() const { return comm_.bytes_sent() - bytes_at_begin_; }
 
  private:
   struct Bucket;
@@ -54,6 +57,7 @@ class DataParallelReducer : public GradientReducer {
   std::vector<std::unique_ptr<Bucket>> buckets_;  // in the order backward finishes them
   std::vector<int64_t> bucket_of_layer_;
   CommTimes times_;
+  int64_t bytes_at_begin_ = 0;
 };
 
 // The optimizer of one rank under ZeRO-1: steps `inner` (which owns plan.ownership(rank)), then

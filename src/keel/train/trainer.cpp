@@ -94,6 +94,7 @@ class CommTimesHook : public PostUpdateHook {
     const double gather = optimizer_ && !step.skipped() ? optimizer_->last_gather_seconds() : 0.0;
     step.extra["comm_exposed_s"] = reducer_->times().exposed + gather;
     step.extra["comm_overlapped_s"] = reducer_->times().early;
+    step.extra["comm_bytes"] = reducer_->bytes_this_step();
   }
   const DataParallelReducer* reducer_;
   const ShardedOptimizer* optimizer_;
