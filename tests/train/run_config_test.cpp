@@ -82,6 +82,15 @@ TEST(RunConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_field("[run\nsteps = 3\n"), "");  // not TOML at all: the file is named, no field
 }
 
+TEST(RunConfig, DistSectionIsTypedAndRoundTrips) {
+  EXPECT_TRUE(parse_run_config(kBase, "run.toml").dist_overlap);
+  const RunConfig c = parse_run_config(kBase, "run.toml", {"dist.overlap=false"});
+  EXPECT_FALSE(c.dist_overlap);
+  EXPECT_FALSE(parse_run_config(to_toml(c), "again.toml").dist_overlap);
+  EXPECT_EQ(error_field(kBase, {"dist.overlap=\"yes\""}), "dist.overlap");
+  EXPECT_EQ(error_field(kBase, {"dist.world=4"}), "dist.world");  // the world size comes from mpirun
+}
+
 TEST(RunConfig, SpikesGradNormSignalParsesRoundTripsAndIsChecked) {
   EXPECT_EQ(parse_run_config(kBase, "run.toml").spikes.grad_norm, GradNormSignal::WithLoss);
   RunConfig a = parse_run_config(kBase, "run.toml", {"spikes.grad_norm=alone", "spikes.threshold=7"});

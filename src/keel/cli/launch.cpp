@@ -38,6 +38,7 @@ int report_error(const char* message, bool everywhere) {
     return 2;
   }
   world->abort(2);
+  return 2;  // not reached
 }
 
 // Replaces this process with `mpirun -np N <this keel> <the same arguments without --nproc>`.

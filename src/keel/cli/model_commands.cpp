@@ -272,6 +272,9 @@ void register_train(CLI::App& app) {
                   r.run_dir.c_str(), r.checkpoint.c_str());
       return;
     }
+    if (world.size() > 1) {
+      throw Error("keel train", "", "the minimal loop runs in one process; data parallelism needs --config RUN.toml");
+    }
     if (o->model.empty() || o->tokens.empty() || o->out.empty() || o->steps <= 0 || o->lr < 0) {
       throw Error("keel train", "", "give --config RUN.toml, --resume RUN_DIR, or all of --model, --tokens, --steps, --lr, --out");
     }
