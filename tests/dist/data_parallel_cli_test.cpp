@@ -218,6 +218,19 @@ TEST_F(DataParallel, ResumeAtAnotherWorldSizeReshards) {
   }
 }
 
+// The checkpoint records the matrices its plan kept whole: a resume that routes other matrices
+// to Muon still finds every shard of the old plan, instead of calling good checkpoints damaged.
+TEST_F(DataParallel, ResumeWithOtherMuonRoutingReadsTheSavedPlan) {
+  ASSERT_EQ(train("run", 2, "--set optimizer.name=muon --set run.steps=20").status, 0);
+  fs::remove_all(dir_ / "run/checkpoints/step_00000020");
+  auto r = testing::run_keel("train --resume " + (dir_ / "run").string() +
+                                 " --set 'optimizer.adamw_patterns=[\"mlp\"]' --nproc 2", kEnv);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step_00000010/COMMIT"));
+  EXPECT_FALSE(fs::exists(dir_ / "run/checkpoints/corrupt_step_00000010"));
+  EXPECT_EQ(metrics("run").size(), 20u);
+}
+
 // The spike guard decides from the global loss and gradient norm: a NaN gradient on step 7
 // (every rank) is skipped by both ranks together, as in one process.
 TEST_F(DataParallel, EveryRankSkipsTheSameSpike) {

@@ -28,6 +28,7 @@ int report_error(const char* message, bool everywhere) {
   dist::Communicator* world = dist::current();
   if (!world || world->size() == 1) {
     std::fprintf(stderr, "keel: error: %s\n", message);
+    dist::finalize();  // `mpirun -np 1`: MPI was started
     return 2;
   }
   if (world->is_root()) std::fprintf(stderr, "keel: error: %s\n", message);

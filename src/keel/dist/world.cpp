@@ -1,7 +1,10 @@
 // world(): OpenMPI's world when keel is built with it and started by mpirun, otherwise one
 // process. The MPI calls of keel are all here (KEEL_WITH_MPI comes from CMake's find_package(MPI)).
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "keel/core/error.hpp"
@@ -18,7 +21,7 @@ namespace {
 
 int as_int(int64_t n, const char* what) {
   if (n < 0 || n > INT_MAX) {
-    throw Error("mpi", what, "a message of " + std::to_string(n) + " floats exceeds MPI's int counts; use more ranks");
+    throw Error("mpi", what, std::to_string(n) + " floats exceed MPI's int counts (one block's gradients must stay under 2^31 floats)");
   }
   return static_cast<int>(n);
 }
@@ -36,18 +39,19 @@ class MpiReduction : public PendingReduction {
   MpiReduction(const float* send, const std::vector<int64_t>& counts, float* recv, int rank)
       : recv_(recv), mine_(counts[static_cast<size_t>(rank)]), ranks_(counts.size()) {
     const size_t n = counts.size();
-    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    // Members, not locals: MPI reads the count and offset arrays until the request completes.
+    sc_.resize(n), sd_.resize(n), rc_.resize(n), rd_.resize(n);
     int64_t offset = 0;
     for (size_t j = 0; j < n; ++j) {
-      sc[j] = as_int(counts[j], "send count");
-      sd[j] = as_int(offset, "send offset");
+      sc_[j] = as_int(counts[j], "bucket send count");
+      sd_[j] = as_int(offset, "bucket send offset");
       offset += counts[j];
-      rc[j] = as_int(mine_, "receive count");
-      rd[j] = as_int(static_cast<int64_t>(j) * mine_, "receive offset");
+      rc_[j] = as_int(mine_, "bucket receive count");
+      rd_[j] = as_int(static_cast<int64_t>(j) * mine_, "bucket receive offset");
     }
     incoming_.resize(n * static_cast<size_t>(mine_));
-    check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, incoming_.data(), rc.data(), rd.data(), MPI_FLOAT,
-                             MPI_COMM_WORLD, &request_),
+    check_mpi(MPI_Ialltoallv(send, sc_.data(), sd_.data(), MPI_FLOAT, incoming_.data(), rc_.data(), rd_.data(),
+                             MPI_FLOAT, MPI_COMM_WORLD, &request_),
               "MPI_Ialltoallv");
   }
   ~MpiReduction() override {
@@ -78,6 +82,7 @@ class MpiReduction : public PendingReduction {
   int64_t mine_;
   size_t ranks_;
   std::vector<float> incoming_;
+  std::vector<int> sc_, sd_, rc_, rd_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
@@ -86,6 +91,8 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator() {
     int provided = 0;
     check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    // keel calls MPI from the main thread only, between OpenMP regions.
+    if (provided < MPI_THREAD_FUNNELED) throw Error("mpi", "MPI_Init_thread", "the MPI library offers no MPI_THREAD_FUNNELED");
     // A failed call returns an error here instead of ending the job, so it becomes a keel::Error.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -105,25 +112,55 @@ class MpiCommunicator : public Communicator {
 
   void all_gather(const float* mine, const std::vector<int64_t>& counts, float* out) override {
     KEEL_CHECK(counts.size() == static_cast<size_t>(size_));
-    std::vector<int> rc(counts.size()), rd(counts.size());
-    int64_t offset = 0;
-    for (size_t j = 0; j < counts.size(); ++j) {
-      rc[j] = as_int(counts[j], "gather count");
-      rd[j] = as_int(offset, "gather offset");
-      offset += counts[j];
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    sent_ += counts[static_cast<size_t>(rank_)] * static_cast<int64_t>(sizeof(float)) * (size_ - 1);
+    if (total <= INT_MAX) {
+      std::vector<int> rc(counts.size()), rd(counts.size());
+      int64_t offset = 0;
+      for (size_t j = 0; j < counts.size(); ++j) {
+        rc[j] = static_cast<int>(counts[j]);
+        rd[j] = static_cast<int>(offset);
+        offset += counts[j];
+      }
+      check_mpi(MPI_Allgatherv(mine, rc[static_cast<size_t>(rank_)], MPI_FLOAT, out, rc.data(), rd.data(), MPI_FLOAT,
+                               MPI_COMM_WORLD),
+                "MPI_Allgatherv");
+      return;
     }
-    const int64_t own = counts[static_cast<size_t>(rank_)];
-    sent_ += own * static_cast<int64_t>(sizeof(float)) * (size_ - 1);
-    check_mpi(MPI_Allgatherv(mine, rc[static_cast<size_t>(rank_)], MPI_FLOAT, out, rc.data(), rd.data(), MPI_FLOAT,
-                             MPI_COMM_WORLD),
-              "MPI_Allgatherv");
+    // Over 2^31 floats in all (a model above ~2.1 B parameters): MPI 3's int offsets cannot
+    // address the result, so each rank broadcasts its part in chunks.
+    constexpr int64_t kChunk = int64_t{1} << 30;
+    int64_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = counts[static_cast<size_t>(r)];
+      if (r == rank_ && out + offset != mine) std::copy(mine, mine + n, out + offset);
+      for (int64_t done = 0; done < n; done += kChunk) {
+        check_mpi(MPI_Bcast(out + offset + done, static_cast<int>(std::min(kChunk, n - done)), MPI_FLOAT, r,
+                            MPI_COMM_WORLD),
+                  "MPI_Bcast");
+      }
+      offset += n;
+    }
   }
 
   void max(std::span<float> values) override {
-    sent_ += static_cast<int64_t>(values.size_bytes());
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), as_int(static_cast<int64_t>(values.size()), "max count"),
-                            MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD),
-              "MPI_Allreduce");
+    // Gathered and reduced here in rank order: MPI_MAX with a NaN present could give different
+    // ranks different answers. A NaN anywhere is the answer everywhere.
+    const size_t n = values.size();
+    std::vector<float> all(n * static_cast<size_t>(size_));
+    sent_ += static_cast<int64_t>(values.size_bytes()) * (size_ - 1);
+    check_mpi(MPI_Allgather(values.data(), as_int(static_cast<int64_t>(n), "max count"), MPI_FLOAT, all.data(),
+                            static_cast<int>(n), MPI_FLOAT, MPI_COMM_WORLD),
+              "MPI_Allgather");
+    for (size_t i = 0; i < n; ++i) {
+      float m = all[i];
+      for (int r = 1; r < size_; ++r) {
+        const float x = all[static_cast<size_t>(r) * n + i];
+        m = (std::isnan(m) || std::isnan(x)) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, x);
+      }
+      values[i] = m;
+    }
   }
 
   void sum(std::span<double> values) override {

@@ -56,7 +56,23 @@ void FaultPlan::poison(int64_t cursor, std::vector<int32_t>& tokens, std::vector
 }
 
 void FaultPlan::after_backward(int64_t step, nn::ParameterStore& store) const {
-  if (contains(nan_grad_steps_, step) && store.size() > 0) store.grads()[static_cast<size_t>(store.size() / 2)] = std::nanf("");
+  if (!contains(nan_grad_steps_, step) || store.size() == 0) return;
+  // The middle element of the store, or of the first trained parameter when that lands in a
+  // buffer (whose gradient no optimizer reads, and no data-parallel rank owns).
+  int64_t at = store.size() / 2;
+  bool in_buffer = true;
+  for (const nn::ParamInfo& p : store.entries()) {
+    if (at >= p.offset && at < p.offset + p.numel) in_buffer = p.buffer;
+  }
+  if (in_buffer) {
+    for (const nn::ParamInfo& p : store.entries()) {
+      if (!p.buffer && p.numel > 0) {
+        at = p.offset;
+        break;
+      }
+    }
+  }
+  store.grads()[static_cast<size_t>(at)] = std::nanf("");
 }
 
 bool FaultPlan::touches_gradients(int64_t step) const { return contains(nan_grad_steps_, step); }

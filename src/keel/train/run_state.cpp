@@ -71,6 +71,13 @@ void OptimizerState::save(CheckpointWriter& out) const {
   out.state()["optimizer"] = optimizer_.name();
   out.state()["optimizer_steps"] = optimizer_.steps_taken();
   out.state()["optimizer_world"] = world_;
+  if (world_ > 1) {
+    // The matrices the plan kept whole: a resume recomputes this plan from them even if the run's
+    // Muon routing (optimizer.muon_patterns, adamw_patterns) has changed since.
+    nlohmann::json whole = nlohmann::json::array();
+    for (size_t e : whole_) whole.push_back(store_.entries().at(e).name);
+    out.state()["optimizer_whole_matrices"] = whole;
+  }
 }
 
 void OptimizerState::check(const CheckpointReader& in) const {
@@ -84,6 +91,22 @@ void OptimizerState::check(const CheckpointReader& in) const {
   }
 }
 
+std::vector<size_t> OptimizerState::whole_at_save(const CheckpointReader& in) const {
+  if (!in.state().contains("optimizer_whole_matrices")) return whole_;
+  const nlohmann::json& names = in.state()["optimizer_whole_matrices"];
+  if (!names.is_array()) throw CheckpointCorrupt(in.state_path(), "optimizer_whole_matrices", "corrupt checkpoint state: not a list");
+  std::vector<size_t> out;
+  for (const nlohmann::json& n : names) {
+    const auto& entries = store_.entries();
+    auto it = std::find_if(entries.begin(), entries.end(), [&](const nn::ParamInfo& p) { return n.is_string() && p.name == n; });
+    if (it == entries.end()) {
+      throw CheckpointCorrupt(in.state_path(), "optimizer_whole_matrices", "names a matrix the model does not have: " + n.dump());
+    }
+    out.push_back(static_cast<size_t>(it - entries.begin()));
+  }
+  return out;
+}
+
 void OptimizerState::load(CheckpointReader& in) {
   const int old_world = static_cast<int>(in.state().value("optimizer_world", int64_t{1}));
   // Who held what when the checkpoint was written: every parameter whole on one process, else the
@@ -92,7 +115,7 @@ void OptimizerState::load(CheckpointReader& in) {
   if (old_world == 1) {
     for (size_t e = 0; e < store_.entries().size(); ++e) old_pieces.push_back({e, 0, store_.entries()[e].numel, 0});
   } else {
-    old_pieces = dist::plan_shards(store_, old_world, whole_).pieces;
+    old_pieces = dist::plan_shards(store_, old_world, whole_at_save(in)).pieces;
   }
   std::vector<std::vector<size_t>> by_entry(store_.entries().size());
   for (size_t i = 0; i < old_pieces.size(); ++i) by_entry[old_pieces[i].entry].push_back(i);

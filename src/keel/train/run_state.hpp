@@ -49,6 +49,8 @@ class OptimizerState : public Stateful {
   static std::string file_of_rank(int rank);
 
  private:
+  // The Muon matrices the checkpoint's shard plan kept whole (recorded at save).
+  std::vector<size_t> whole_at_save(const CheckpointReader& in) const;
   optim::Optimizer& optimizer_;
   const nn::ParameterStore& store_;
   int rank_, world_;

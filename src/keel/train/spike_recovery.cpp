@@ -127,9 +127,11 @@ SpikeDecision SpikeRecovery::record_spike(int64_t step, const SpikeVerdict& verd
 
 void SpikeRecovery::abort_run(int64_t step, const std::string& signal, const std::string& reason) {
   events_.write({{"step", step}, {"type", "abort"}, {"signal", signal}, {"reason", reason}});
-  throw Error(run_dir_, "loss", "training diverged at step " + std::to_string(step) + " (" + signal + "): " + reason +
-                                    "; lower optimizer.lr, raise schedule.warmup_steps, or see [spikes] in "
-                                    "docs/training.md");
+  Error e(run_dir_, "loss", "training diverged at step " + std::to_string(step) + " (" + signal + "): " + reason +
+                                "; lower optimizer.lr, raise schedule.warmup_steps, or see [spikes] in "
+                                "docs/training.md");
+  e.set_everywhere();  // decided from the global loss and gradient norm: every rank stops here
+  throw e;
 }
 
 SpikeRecovery::Rollback SpikeRecovery::rollback(int64_t step, const std::string& signal, TrainState& state,

@@ -189,11 +189,16 @@ ConfiguredRun::ConfiguredRun(const RunConfig& c, const std::string& run_dir, con
 }
 
 void ConfiguredRun::resume_from_newest_intact() {
-  if (!latest_complete_checkpoint(run_dir_)) throw Error(run_dir_, "", "no complete checkpoint to resume from");
+  // Every rank sees the same folder and the same (collective) loads, so fails here together.
+  auto everywhere = [](Error e) {
+    e.set_everywhere();
+    return e;
+  };
+  if (!latest_complete_checkpoint(run_dir_)) throw everywhere(Error(run_dir_, "", "no complete checkpoint to resume from"));
   IntactCheckpoint found = load_newest_intact(run_dir_, checkpoint_, std::numeric_limits<int64_t>::max(), 0, events_,
                                               [this](const std::string& text) { progress_.say(text); });
-  if (!found.loaded && found.newest_damage) throw *found.newest_damage;
-  if (!found.loaded) throw Error(run_dir_, "", "no intact checkpoint to resume from");
+  if (!found.loaded && found.newest_damage) throw everywhere(*found.newest_damage);
+  if (!found.loaded) throw everywhere(Error(run_dir_, "", "no intact checkpoint to resume from"));
   if (metrics_) metrics_->rewind(state_.step);
 }
 
