@@ -175,12 +175,15 @@ def veth_tcp_bandwidth(megabytes=512):
         subprocess.run(["ip", "netns", "del", b], stderr=subprocess.DEVNULL)
 
 
-def project(step_s, param_bytes, bandwidth, latency, overlap_fraction, machines):
-    """Ring all-reduce model (reduce-scatter + all-gather, as ZeRO-1 does): each machine sends
-    2·(N−1)/N of the parameter bytes per step in 2·(N−1) messages; weak scaling (each machine keeps
-    its batch), so compute per machine stays step_s. Returns (step time, efficiency)."""
+def project(step_s, param_bytes, bandwidth, latency, overlap_fraction, machines, buckets):
+    """Ring all-reduce cost (reduce-scatter + all-gather, as ZeRO-1 does): each machine sends
+    2·(N−1)/N of the parameter bytes per step. keel's reduce-scatter is one all-to-all per bucket
+    (a block each, plus the embeddings and head) and its all-gather one more collective, each
+    N−1 messages deep: (buckets + 1)·(N−1) latencies. Weak scaling (each machine keeps its batch),
+    so compute per machine stays step_s; the measured overlap fraction of the exposed communication
+    is hidden. Returns (step time, efficiency)."""
     n = machines
-    comm = 2 * (n - 1) / n * param_bytes / bandwidth + 2 * (n - 1) * latency
+    comm = 2 * (n - 1) / n * param_bytes / bandwidth + (buckets + 1) * (n - 1) * latency
     exposed = comm * (1 - overlap_fraction)
     return step_s + exposed, step_s / (step_s + exposed)
 
@@ -189,20 +192,27 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keel", default=os.path.join(ROOT, "build/release/keel"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default="", help="write the measurements and projection here")
+    ap.add_argument("--from-json", default="", help="recompute the tables from an earlier --json")
     args = ap.parse_args()
-    keel = os.path.abspath(args.keel)
-    work = tempfile.mkdtemp(prefix="keel-dist-bench-")
-    try:
-        cpu = cpu_name()
-        print(f"CPU: {cpu}")
-        data = make_dataset(keel, work)
-        results = measure(keel, work, data, args.rounds)
-        bw = veth_tcp_bandwidth()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        cpu, results, bw = saved["cpu"], saved["raw"], saved["veth_tcp"]
+        print(f"CPU: {cpu} (measured earlier: {args.from_json})")
+    else:
+        keel = os.path.abspath(args.keel)
+        work = tempfile.mkdtemp(prefix="keel-dist-bench-")
+        try:
+            cpu = cpu_name()
+            print(f"CPU: {cpu}")
+            data = make_dataset(keel, work)
+            results = measure(keel, work, data, args.rounds)
+            bw = veth_tcp_bandwidth()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
-    report = {"cpu": cpu, "models": {}, "veth_tcp": bw}
+    report = {"cpu": cpu, "models": {}, "veth_tcp": bw, "raw": results}
     print("\n| model | arm | tokens/s (median of rounds) | spread | exposed comm / step | bytes sent / step (rank 0) |")
     print("|---|---|---|---|---|---|")
     for model, arms in results.items():
@@ -239,19 +249,25 @@ def main():
     if bw:
         links.insert(0, ("veth TCP (measured)", bw["bytes_per_s"], bw["rtt_s"] / 2))
     cases = []
-    for model, summ, tokens_per_step in [("qwen3_small", small, MODELS["qwen3_small"][1] * MODELS["qwen3_small"][2] * 2),
-                                         ("d512", big, MODELS["d512"][1] * MODELS["d512"][2] * 2)]:
-        cases.append((model, tokens_per_step / summ["A"]["tokens_per_s"], summ["B"]["comm_bytes"], summ["overlap_fraction"]))
+    for model, summ, tokens_per_step, blocks in [
+            ("qwen3_small", small, MODELS["qwen3_small"][1] * MODELS["qwen3_small"][2] * 2, 4),
+            ("d512", big, MODELS["d512"][1] * MODELS["d512"][2] * 2, 8)]:
+        cases.append((model, tokens_per_step / summ["A"]["tokens_per_s"], summ["B"]["comm_bytes"], summ["overlap_fraction"],
+                      blocks + 1))
+    # 8B: Llama-3-8B's 8.03 B parameters and 32 blocks; 2 sequences of 1,024 tokens per machine and
+    # step at the d512 run's measured FLOP rate (6 FLOPs per parameter and token; attention's
+    # extra FLOPs at 1,024 tokens are left out).
     eight_b_tokens = 2 * 1024
-    cases.append(("8B (Llama-3-8B shape)", 6 * 8.03e9 * eight_b_tokens / flops_per_s, 8.03e9 * 4, big["overlap_fraction"]))
+    cases.append(("8B (Llama-3-8B shape)", 6 * 8.03e9 * eight_b_tokens / flops_per_s, 8.03e9 * 4, big["overlap_fraction"], 33))
     print("\n| model | per-machine step (compute) | link | N = 8 | N = 64 | N = 512 |")
     print("|---|---|---|---|---|---|")
     report["projection"] = []
-    for model, step_s, param_bytes, f in cases:
+    print(f"(compute rate carried to 8B: {flops_per_s / 1e9:.0f} GFLOP/s per machine)")
+    for model, step_s, param_bytes, f, buckets in cases:
         for link, bandwidth, latency in links:
             cells = []
             for n in (8, 64, 512):
-                t, e = project(step_s, param_bytes, bandwidth, latency, f, n)
+                t, e = project(step_s, param_bytes, bandwidth, latency, f, n, buckets)
                 cells.append(f"{t:.3g} s, {e * 100:.0f}%")
                 report["projection"].append({"model": model, "link": link, "machines": n, "step_s": t, "efficiency": e})
             print(f"| {model} | {step_s:.3g} s | {link} | " + " | ".join(cells) + " |")
