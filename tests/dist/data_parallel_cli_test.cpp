@@ -103,9 +103,10 @@ class DataParallel : public ::testing::Test {
   fs::path dir_;
 };
 
-// Measured over these 50 steps (AMD EPYC Zen 4, OpenMPI 4.1.4): ≤ 1e-7 relative in the loss and
-// ≤ 1e-6 in the gradient norm; the bounds leave an order of magnitude and would catch one
-// dropped or doubled micro-batch (≈1e-2).
+// Measured over 50 steps (AMD EPYC Zen 4, OpenMPI 4.1.4; docs/distributed.md): at most 8e-7
+// relative in the loss and 5e-5 in the gradient norm (AdamW amplifies the fp32 rounding of the
+// gradient sums where the second moment is small). The bounds leave an order of magnitude for
+// other CPUs and would still catch one dropped or doubled micro-batch (≈1e-2 in the loss).
 TEST_F(DataParallel, TwoAndFourRanksMatchOneProcessAtTheSameGlobalBatch) {
   ASSERT_EQ(train("one", 0, "--set batch.grad_accum=4").status, 0);
   auto two = train("two", 2, "");
@@ -113,10 +114,11 @@ TEST_F(DataParallel, TwoAndFourRanksMatchOneProcessAtTheSameGlobalBatch) {
   ASSERT_EQ(train("four", 4, "--set batch.grad_accum=1").status, 0);
   ASSERT_EQ(metrics("two").size(), 50u);
   EXPECT_EQ(metrics("two").back()["tokens"], metrics("one").back()["tokens"]);
-  EXPECT_LT(max_rel_diff("one", "two", "loss"), 1e-6);
-  EXPECT_LT(max_rel_diff("one", "two", "grad_norm"), 1e-5);
-  EXPECT_LT(max_rel_diff("one", "four", "loss"), 1e-6);
-  EXPECT_LT(max_rel_diff("one", "two", "val_loss"), 1e-6);
+  EXPECT_LT(max_rel_diff("one", "two", "loss"), 1e-5);
+  EXPECT_LT(max_rel_diff("one", "two", "grad_norm"), 5e-4);
+  EXPECT_LT(max_rel_diff("one", "four", "loss"), 1e-5);
+  EXPECT_LT(max_rel_diff("one", "four", "grad_norm"), 5e-4);
+  EXPECT_LT(max_rel_diff("one", "two", "val_loss"), 1e-5);
   // Rank 0 alone writes metrics and prints; the other ranks print nothing.
   EXPECT_NE(two.out.find("data parallel over 2 ranks"), std::string::npos);
   EXPECT_EQ(two.out.find("done:"), two.out.rfind("done:"));
@@ -146,8 +148,8 @@ TEST_F(DataParallel, DistributedMuonWithQkClipMatchesOneProcess) {
   ASSERT_EQ(train("one", 0, muon + " --set batch.grad_accum=4").status, 0);
   ASSERT_EQ(train("two", 2, muon).status, 0);
   ASSERT_EQ(train("four", 4, muon + " --set batch.grad_accum=1").status, 0);
-  EXPECT_LT(max_rel_diff("one", "two", "loss"), 1e-6);
-  EXPECT_LT(max_rel_diff("one", "four", "loss"), 1e-6);
+  EXPECT_LT(max_rel_diff("one", "two", "loss"), 1e-5);
+  EXPECT_LT(max_rel_diff("one", "four", "loss"), 1e-5);
   // QK-Clip acted, and on the same heads in both runs.
   int clipped = 0;
   const auto m1 = metrics("one"), m2 = metrics("two");
@@ -214,8 +216,14 @@ TEST_F(DataParallel, ResumeAtAnotherWorldSizeReshards) {
     const std::string accum = n == 1 ? " --set batch.grad_accum=4" : " --set batch.grad_accum=1";
     auto r = testing::run_keel("train --resume " + run.string() + accum + (n > 1 ? " --nproc 4" : ""), kEnv);
     ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_LT(max_rel_diff("whole", "at" + std::to_string(n), "loss"), 1e-6) << n;
+    EXPECT_LT(max_rel_diff("whole", "at" + std::to_string(n), "loss"), 1e-5) << n;
   }
+  // And a one-process checkpoint onto two ranks.
+  ASSERT_EQ(train("single", 0, muon + " --set batch.grad_accum=4").status, 0);
+  fs::remove_all(dir_ / "single/checkpoints/step_00000020");
+  auto r = testing::run_keel("train --resume " + (dir_ / "single").string() + " --set batch.grad_accum=2 --nproc 2", kEnv);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_LT(max_rel_diff("whole", "single", "loss"), 1e-5);
 }
 
 // The checkpoint records the matrices its plan kept whole: a resume that routes other matrices
@@ -242,7 +250,7 @@ TEST_F(DataParallel, EveryRankSkipsTheSameSpike) {
   ASSERT_EQ(m2.size(), 12u);
   EXPECT_EQ(m1[6]["skipped"], true);
   EXPECT_EQ(m2[6]["skipped"], true);
-  EXPECT_LT(max_rel_diff("one", "two", "loss"), 1e-6);
+  EXPECT_LT(max_rel_diff("one", "two", "loss"), 1e-5);
 }
 
 // MoE with the auxiliary-loss-free bias update (DeepSeek-V3): the biases move by the global

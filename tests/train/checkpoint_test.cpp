@@ -171,5 +171,38 @@ TEST_F(CheckpointParts, LoadBackBitForBitAndRefuseOthers) {
   }
 }
 
+// The data-parallel fields of state.json are outside input too: a world size that is not one, or
+// one whose shard files are missing, is damage (CheckpointCorrupt naming the file), not a crash or
+// a plan over a million ranks.
+TEST_F(CheckpointParts, RefusesABadOptimizerWorld) {
+  nn::TransformerModel model(spec());
+  model.initialize(3);
+  optim::AdamW adamw(model.parameters(), optim::AdamWConfig{});
+  train_a_little(model, adamw);
+  ModelState ms(model, "0123456789abcdef");
+  OptimizerState os(adamw, model.parameters());
+  Checkpoint checkpoint;
+  checkpoint.add("model", ms);
+  checkpoint.add("optimizer", os);
+  const fs::path dir = checkpoint.save(dir_.string(), 3, 3);
+  const fs::path state = dir / "state.json";
+  std::stringstream text;
+  text << std::ifstream(state).rdbuf();
+  const nlohmann::json good = nlohmann::json::parse(text.str());
+  for (const nlohmann::json& world : {nlohmann::json(0), nlohmann::json(1 << 30), nlohmann::json("two"), nlohmann::json(2)}) {
+    nlohmann::json bad = good;
+    bad["optimizer_world"] = world;
+    std::ofstream(state) << bad.dump(1);
+    try {
+      checkpoint.load(dir.string());
+      ADD_FAILURE() << "loaded with optimizer_world " << world;
+    } catch (const CheckpointCorrupt& e) {
+      const std::string what = e.what();
+      // 2: the plan of two ranks names slices ("exp_avg.<name>@0") this one-process file lacks.
+      EXPECT_NE(what.find(world == 2 ? "missing tensor" : "optimizer_world"), std::string::npos) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::train

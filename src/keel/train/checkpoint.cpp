@@ -66,6 +66,27 @@ void prune(const std::string& run_dir, const fs::path& root, int64_t keep) {
   for (const auto& p : stale) fs::remove_all(p, ec);
 }
 
+// A fresh, empty temporary folder for a checkpoint being written.
+void make_temporary_folder(const fs::path& root, const fs::path& tmp) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw Error(root.string(), "", "cannot create the checkpoint folder: " + ec.message());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error(tmp.string(), "", "cannot create: " + ec.message());
+}
+
+// Renames a fully written temporary folder into place, then marks it complete with COMMIT.
+void commit_into_place(const fs::path& root, const fs::path& tmp, const fs::path& final_dir, int64_t step) {
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
+  fsync_path(root);
+  write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
+  fsync_path(final_dir);
+}
+
 }  // namespace
 
 void CheckpointWriter::file(const std::string& file, const nlohmann::json& metadata) {
@@ -162,24 +183,15 @@ std::string Checkpoint::save(const std::string& run_dir, int64_t step, int64_t k
   const fs::path root = fs::path(run_dir) / kCheckpointsDir;
   const fs::path final_dir = root / checkpoint_dir_name(step);
   const fs::path tmp = root / (checkpoint_dir_name(step) + ".tmp-" + std::to_string(::getpid()));
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw Error(root.string(), "", "cannot create the checkpoint folder: " + ec.message());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) throw Error(tmp.string(), "", "cannot create: " + ec.message());
+  make_temporary_folder(root, tmp);
   try {
     CheckpointWriter out;
     for (const auto& [name, part] : parts_) part->save(out);
     out.write(tmp.string(), step);
     fsync_path(tmp);
-    fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
-    fs::rename(tmp, final_dir, ec);
-    if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
-    fsync_path(root);
-    write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
-    fsync_path(final_dir);
+    commit_into_place(root, tmp, final_dir, step);
   } catch (...) {
+    std::error_code ec;
     fs::remove_all(tmp, ec);
     throw;
   }
@@ -237,13 +249,7 @@ std::string Checkpoint::save_collective(const std::string& run_dir, int64_t step
   // One temporary folder for all ranks, named by rank 0.
   const fs::path tmp = comm.broadcast((root / (checkpoint_dir_name(step) + ".tmp-" + std::to_string(::getpid()))).string());
   all_or_none(comm, [&] {
-    if (!comm.is_root()) return;
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) throw Error(root.string(), "", "cannot create the checkpoint folder: " + ec.message());
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) throw Error(tmp.string(), "", "cannot create: " + ec.message());
+    if (comm.is_root()) make_temporary_folder(root, tmp);
   });
   CheckpointWriter out;
   try {
@@ -262,13 +268,7 @@ std::string Checkpoint::save_collective(const std::string& run_dir, int64_t step
       for (const std::string& s : sums) all.update(nlohmann::json::parse(s));
       out.write_state(tmp.string(), all);
       fsync_path(tmp);
-      std::error_code ec;
-      fs::remove_all(final_dir, ec);  // a re-save of the same step after a resume
-      fs::rename(tmp, final_dir, ec);
-      if (ec) throw Error(final_dir.string(), "", "cannot rename the checkpoint into place: " + ec.message());
-      fsync_path(root);
-      write_file_atomic((final_dir / kCommitMarker).string(), std::to_string(step) + "\n");
-      fsync_path(final_dir);
+      commit_into_place(root, tmp, final_dir, step);
       prune(run_dir, root, keep);
     });
   } catch (...) {

@@ -86,7 +86,7 @@ void OptimizerState::check(const CheckpointReader& in) const {
     throw Error(in.state_path(), "optimizer", "the checkpoint holds " + held + " state but the run uses " + optimizer_.name());
   }
   const auto& w = in.state().value("optimizer_world", nlohmann::json(1));
-  if (!w.is_number_integer() || w.get<int64_t>() < 1 || w.get<int64_t>() > 1 << 20) {
+  if (!w.is_number_integer() || w.get<int64_t>() < 1 || w.get<int64_t>() > 1 << 16) {
     throw CheckpointCorrupt(in.state_path(), "optimizer_world", "corrupt checkpoint state: not a world size");
   }
 }
