@@ -38,8 +38,14 @@ namespace {
 
 // The name and shape a slice of parameter p is stored under.
 std::string slice_name(const std::string& state, const nn::ParamInfo& p, int64_t begin, int64_t end) {
-  const bool whole = begin == 0 && end == p.numel;
-  return state + "." + p.name + (whole ? "" : "@" + std::to_string(begin));
+  std::string name = state;
+  name += '.';
+  name += p.name;
+  if (begin != 0 || end != p.numel) {
+    name += '@';
+    name += std::to_string(begin);
+  }
+  return name;
 }
 
 std::vector<int64_t> slice_shape(const nn::ParamInfo& p, int64_t begin, int64_t end) {
