@@ -145,36 +145,15 @@ class MpiCommunicator : public Communicator {
   }
 
   void max(std::span<float> values) override {
-    // Gathered and reduced here in rank order: MPI_MAX with a NaN present could give different
-    // ranks different answers. A NaN anywhere is the answer everywhere.
-    const size_t n = values.size();
-    std::vector<float> all(n * static_cast<size_t>(size_));
-    sent_ += static_cast<int64_t>(values.size_bytes()) * (size_ - 1);
-    check_mpi(MPI_Allgather(values.data(), as_int(static_cast<int64_t>(n), "max count"), MPI_FLOAT, all.data(),
-                            static_cast<int>(n), MPI_FLOAT, MPI_COMM_WORLD),
-              "MPI_Allgather");
-    for (size_t i = 0; i < n; ++i) {
-      float m = all[i];
-      for (int r = 1; r < size_; ++r) {
-        const float x = all[static_cast<size_t>(r) * n + i];
-        m = (std::isnan(m) || std::isnan(x)) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, x);
-      }
-      values[i] = m;
-    }
+    // MPI_MAX with a NaN present could give different ranks different answers: here a NaN
+    // anywhere is the answer everywhere.
+    reduce_in_rank_order(values, MPI_FLOAT, [](float m, float x) {
+      return (std::isnan(m) || std::isnan(x)) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, x);
+    });
   }
 
   void sum(std::span<double> values) override {
-    const size_t n = values.size();
-    std::vector<double> all(n * static_cast<size_t>(size_));
-    sent_ += static_cast<int64_t>(values.size_bytes()) * (size_ - 1);
-    check_mpi(MPI_Allgather(values.data(), as_int(static_cast<int64_t>(n), "sum count"), MPI_DOUBLE, all.data(),
-                            static_cast<int>(n), MPI_DOUBLE, MPI_COMM_WORLD),
-              "MPI_Allgather");
-    for (size_t i = 0; i < n; ++i) {
-      double s = all[i];
-      for (int r = 1; r < size_; ++r) s += all[static_cast<size_t>(r) * n + i];
-      values[i] = s;
-    }
+    reduce_in_rank_order(values, MPI_DOUBLE, [](double s, double x) { return s + x; });
   }
 
   std::vector<std::string> gather_strings(const std::string& mine) override {
@@ -214,6 +193,23 @@ class MpiCommunicator : public Communicator {
   int64_t bytes_sent() const override { return sent_; }
 
  private:
+  // Every rank's values, then combine(…combine(v0, v1)…, vN−1) elementwise: the same result on
+  // every rank whatever order MPI would have combined them in.
+  template <class T, class Combine>
+  void reduce_in_rank_order(std::span<T> values, MPI_Datatype type, Combine combine) {
+    const size_t n = values.size();
+    std::vector<T> all(n * static_cast<size_t>(size_));
+    sent_ += static_cast<int64_t>(values.size_bytes()) * (size_ - 1);
+    check_mpi(MPI_Allgather(values.data(), as_int(static_cast<int64_t>(n), "reduction count"), type, all.data(),
+                            static_cast<int>(n), type, MPI_COMM_WORLD),
+              "MPI_Allgather");
+    for (size_t i = 0; i < n; ++i) {
+      T acc = all[i];
+      for (int r = 1; r < size_; ++r) acc = combine(acc, all[static_cast<size_t>(r) * n + i]);
+      values[i] = acc;
+    }
+  }
+
   int rank_ = 0, size_ = 1;
   int64_t sent_ = 0;
 };

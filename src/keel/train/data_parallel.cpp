@@ -37,8 +37,6 @@ DataParallelReducer::DataParallelReducer(dist::Communicator& comm, const dist::S
     const size_t b = layer >= 0 && layer < layers ? static_cast<size_t>(layers - 1 - layer) : n_buckets - 1;
     members[b].push_back(i);
   }
-  bucket_of_layer_.resize(static_cast<size_t>(layers));
-  for (int64_t l = 0; l < layers; ++l) bucket_of_layer_[static_cast<size_t>(l)] = layers - 1 - l;
   for (size_t b = 0; b < n_buckets; ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->counts.assign(static_cast<size_t>(comm.size()), 0);
@@ -80,9 +78,10 @@ void DataParallelReducer::start(nn::ParameterStore& store, Bucket& b) {
 }
 
 void DataParallelReducer::layer_ready(nn::ParameterStore& store, int64_t layer) {
-  if (!overlap_ || layer < 0 || layer >= static_cast<int64_t>(bucket_of_layer_.size())) return;
+  const int64_t layers = static_cast<int64_t>(buckets_.size()) - 1;
+  if (!overlap_ || layer < 0 || layer >= layers) return;
   const auto t0 = std::chrono::steady_clock::now();
-  Bucket& b = *buckets_[static_cast<size_t>(bucket_of_layer_[static_cast<size_t>(layer)])];
+  Bucket& b = *buckets_[static_cast<size_t>(layers - 1 - layer)];
   if (!b.pending) start(store, b);
   // Non-blocking collectives move only inside MPI calls: nudge every bucket in flight.
   for (auto& other : buckets_) {

@@ -54,8 +54,8 @@ class DataParallelReducer : public GradientReducer {
   dist::Communicator& comm_;
   const dist::ShardPlan& plan_;
   bool overlap_;
-  std::vector<std::unique_ptr<Bucket>> buckets_;  // in the order backward finishes them
-  std::vector<int64_t> bucket_of_layer_;
+  // In the order backward finishes them: block L−1 first, …, block 0, then everything else.
+  std::vector<std::unique_ptr<Bucket>> buckets_;
   CommTimes times_;
   int64_t bytes_at_begin_ = 0;
 };

@@ -121,6 +121,7 @@ class ConfiguredRun {
   const std::string config_hash_;
   const arch::ModelSpec spec_;
   std::unique_ptr<nn::TransformerModel> model_;
+  const std::vector<size_t> muon_matrices_;  // owned whole by the shard plan
   const dist::ShardPlan plan_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   data::TokenDataset train_set_, val_set_;
@@ -159,7 +160,8 @@ ConfiguredRun::ConfiguredRun(const RunConfig& c, const std::string& run_dir, con
       config_hash_(config_hash(model_config)),
       spec_(run_spec(c, run_dir, model_config)),
       model_(make_model(spec_, c, resuming)),
-      plan_(dist::plan_shards(model_->parameters(), comm_.size(), whole_matrices(c, model_->parameters()))),
+      muon_matrices_(whole_matrices(c, model_->parameters())),
+      plan_(dist::plan_shards(model_->parameters(), comm_.size(), muon_matrices_)),
       optimizer_(make_run_optimizer(c, *model_, comm_, plan_)),
       train_set_(open_train_set(c, spec_)),
       val_set_(data::TokenDataset::open(c.dataset, "val")),
@@ -174,8 +176,7 @@ ConfiguredRun::ConfiguredRun(const RunConfig& c, const std::string& run_dir, con
       progress_(comm_.is_root() ? options.progress : nullptr, c.steps, c.log_every),
       spikes_(c.spikes, run_dir, events_, [this](const std::string& text) { progress_.say(text); }),
       model_state_(*model_, config_hash_),
-      optimizer_state_(*optimizer_, model_->parameters(), comm_.rank(), comm_.size(),
-                       whole_matrices(c, model_->parameters())),
+      optimizer_state_(*optimizer_, model_->parameters(), comm_.rank(), comm_.size(), muon_matrices_),
       train_record_(state_),
       checkpointing_(checkpoint_, run_dir, c.checkpoint_every, c.checkpoint_keep, c.steps, &faults_),
       evaluation_(*model_, val_set_, c, &comm_) {
@@ -218,8 +219,7 @@ void ConfiguredRun::report_layout() {
                     for (int r = 0; r < comm_.size(); ++r) {
                       int64_t n = 0;
                       for (size_t i : plan_.owned[static_cast<size_t>(r)]) {
-                        const auto& w = whole_matrices(c_, model_->parameters());
-                        if (std::binary_search(w.begin(), w.end(), plan_.pieces[i].entry)) ++n;
+                        if (std::binary_search(muon_matrices_.begin(), muon_matrices_.end(), plan_.pieces[i].entry)) ++n;
                       }
                       m.push_back(n);
                     }
