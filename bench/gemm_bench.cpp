@@ -18,7 +18,14 @@
 #include <string>
 #include <vector>
 
-#if defined(KEEL_BENCH_DNNL)
+#if defined(KEEL_BENCH_KEEL)
+#include "keel/kernels/gemm.hpp"
+static const char* library_name() { return "keel::kernels::gemm (oneDNN per panel, keel's panel schedule)"; }
+static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc) {
+  keel::kernels::gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, c, ldc);
+}
+#elif defined(KEEL_BENCH_DNNL)
 #include <dnnl.h>
 static const char* library_name() { return "oneDNN dnnl_sgemm"; }
 static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,

@@ -8,12 +8,16 @@ ops: fp32 NS5 on each hidden matrix, AdamW on the rest). The *_bf16 cases run ke
 (fp32 parameters and AdamW on both sides), and also time keel in fp32 on the same model to report
 keel's own bf16/fp32 speed ratio (docs/precision.md).
 
-PyTorch runs the reference model of tools/reference_model.py (HF semantics, float32, autograd,
-torch.optim.AdamW) in a subprocess with OpenMP's OpenBLAS loaded in place of Debian's default
-pthread build (its best configuration on these machines). Each side runs in its own process so
-peak RSS is its own.
+The PyTorch side is the fastest PyTorch on the machine for the same model and step: with
+--peer auto (the default) every candidate of bench/torch_peers.py (the fixtures' reference model,
+a nanoGPT-style nn.Module with for-loop or foreach AdamW, a baddbmm-fused attention) is measured
+under both of Debian's OpenBLAS builds (OpenMP and pthread), and the fastest is raced. The race
+is interleaved and repeated (keel, peer, keel, peer, ...): each pair gives a ratio, and the
+median ratio and its spread (min..max over pairs) are reported, with the CPU model and ISA. Every
+run is its own process, so each peak RSS is its own.
 
     /usr/bin/python3 bench/train_step_vs_pytorch.py [--keel build/release/keel] [--cases small,gpt2,large]
+        [--repeat 5] [--peer auto|reference|plain|plain_foreach|plain_fused] [--blas auto|openmp|pthread]
 """
 import argparse
 import json
@@ -77,13 +81,36 @@ def torch_muon(torch, muon_params, adamw):
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 
 
-def torch_worker(config, batch, seq, steps, warmup, optimizer, precision="fp32"):
+def torch_worker(config, batch, seq, steps, warmup, optimizer, precision="fp32", peer="reference"):
     import torch
     sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import reference_model as ref
-
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
     torch.manual_seed(0)
     cfg = json.load(open(os.path.join(ROOT, config)))
+    if peer != "reference":
+        import torch_peers
+        step, _ = torch_peers.make_plain_step(cfg, batch, seq, peer)
+        muon_step = None
+    else:
+        step, muon_step = reference_step(torch, cfg, batch, seq, optimizer, precision)
+    for _ in range(warmup):
+        step()
+    ns = 0.0
+    start = time.perf_counter()
+    for _ in range(steps):
+        ns += step()
+    ms = (time.perf_counter() - start) * 1000.0 / steps
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    out = {"ms_per_step": ms, "tokens_per_s": batch * seq / (ms / 1000.0), "peak_rss_mb": rss,
+           "threads": torch.get_num_threads()}
+    if muon_step:
+        out["ns_ms_per_step"] = ns * 1000.0 / steps
+        out["ns_share"] = out["ns_ms_per_step"] / ms
+    print(json.dumps(out))
+
+
+def reference_step(torch, cfg, batch, seq, optimizer, precision):
+    import reference_model as ref
     s = ref.resolve(cfg)
     params = {}
     decay, no_decay = [], []
@@ -123,45 +150,149 @@ def torch_worker(config, batch, seq, steps, warmup, optimizer, precision="fp32")
             return muon_step()
         opt.step()
         return 0.0
-
-    for _ in range(warmup):
-        step()
-    ns = 0.0
-    start = time.perf_counter()
-    for _ in range(steps):
-        ns += step()
-    ms = (time.perf_counter() - start) * 1000.0 / steps
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    out = {"ms_per_step": ms, "tokens_per_s": batch * seq / (ms / 1000.0), "peak_rss_mb": rss,
-           "threads": torch.get_num_threads()}
-    if muon_step:
-        out["ns_ms_per_step"] = ns * 1000.0 / steps
-        out["ns_share"] = out["ns_ms_per_step"] / ms
-    print(json.dumps(out))
+    return step, muon_step
 
 
-def run_torch(config, batch, seq, steps, warmup, threads, optimizer, precision="fp32"):
+def run_torch(config, batch, seq, steps, warmup, threads, optimizer, precision="fp32", peer="reference",
+              blas="openmp"):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    if os.path.isdir(OPENMP_BLAS):
+    if blas == "openmp" and os.path.isdir(OPENMP_BLAS):
         env["LD_LIBRARY_PATH"] = OPENMP_BLAS + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     out = subprocess.run([sys.executable, __file__, "--torch-worker", config, str(batch), str(seq), str(steps),
-                          str(warmup), optimizer, precision], env=env, check=True, capture_output=True, text=True).stdout
+                          str(warmup), optimizer, precision, peer], env=env, check=True, capture_output=True,
+                         text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_keel(keel, config, batch, seq, steps, warmup, threads, optimizer, precision="fp32"):
+def run_keel(keel, config, batch, seq, steps, warmup, threads, optimizer, precision="fp32", extra=()):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run([keel, "bench", "--config", os.path.join(ROOT, config), "--batch", str(batch), "--seq",
-                          str(seq), "--steps", str(steps), "--warmup", str(warmup), "--optimizer", optimizer, "--precision", precision,
-                          "--json"],
+                          str(seq), "--steps", str(steps), "--warmup", str(warmup), "--optimizer", optimizer,
+                          "--precision", precision, "--json", *extra],
                          env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
+
+
+def cpu_description():
+    """'MODEL NAME (ISA)' from /proc/cpuinfo: the vector extensions that decide keel's kernels."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = [name for flag, name in (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"),
+                                    ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
+    return f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} logical CPUs"
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def peer_candidates(config, optimizer, precision, peer, blas):
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    plain_ok = optimizer == "adamw" and precision == "fp32"
+    if plain_ok:
+        try:
+            import torch_peers  # needs torch; only the config check is used here
+            plain_ok = torch_peers.plain_config(json.load(open(os.path.join(ROOT, config)))) is not None
+        except ImportError:
+            plain_ok = False
+    peers = ["reference"] + (["plain", "plain_foreach", "plain_fused"] if plain_ok else [])
+    if peer != "auto":
+        if peer not in peers:
+            raise SystemExit(f"train_step_vs_pytorch.py: --peer {peer} has no model for {config} "
+                             f"({optimizer}, {precision}); candidates: {', '.join(peers)}")
+        peers = [peer]
+    blases = ["openmp", "pthread"] if blas == "auto" else [blas]
+    return [(p, b) for p in peers for b in blases]
+
+
+def choose_peer(args, config, batch, seq, optimizer, precision):
+    """Every candidate once (--search-repeat times), interleaved; the fastest by median tokens/s."""
+    cands = peer_candidates(config, optimizer, precision, args.peer, args.blas)
+    if len(cands) == 1:
+        return cands[0], {}
+    seen = {c: [] for c in cands}
+    for _ in range(args.search_repeat):
+        for c in cands:
+            seen[c].append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
+                                     precision, *c)["tokens_per_s"])
+    table = {f"{p}/{b}": round(median(v), 1) for (p, b), v in seen.items()}
+    return max(cands, key=lambda c: median(seen[c])), table
+
+
+def race(args, case):
+    config, batch, seq, optimizer, *rest = CASES[case]
+    precision = rest[0] if rest else "fp32"
+    (peer, blas), searched = choose_peer(args, config, batch, seq, optimizer, precision)
+    ks, ts, k32s = [], [], []
+    for _ in range(args.repeat):
+        ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
+                           precision))
+        ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision,
+                            peer, blas))
+        if precision == "bf16":
+            k32s.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer))
+    ratios = [k["tokens_per_s"] / t["tokens_per_s"] for k, t in zip(ks, ts)]
+    k_tps = median([k["tokens_per_s"] for k in ks])
+    t_tps = median([t["tokens_per_s"] for t in ts])
+    k_mb = median([k["peak_rss_mb"] for k in ks])
+    t_mb = median([t["peak_rss_mb"] for t in ts])
+    row = {"case": case, "config": config, "batch": batch, "seq": seq, "optimizer": optimizer,
+           "precision": precision, "cpu": cpu_description(), "threads": args.threads, "pairs": args.repeat,
+           "peer": peer, "peer_blas": blas, "peer_candidates_tokens_per_s": searched,
+           "keel_tokens_per_s": round(k_tps, 1), "torch_tokens_per_s": round(t_tps, 1),
+           "speed_ratio": round(median(ratios), 3), "speed_ratio_min": round(min(ratios), 3),
+           "speed_ratio_max": round(max(ratios), 3),
+           "keel_peak_mb": round(k_mb, 1), "torch_peak_mb": round(t_mb, 1),
+           "memory_ratio": round(k_mb / t_mb, 3)}
+    if "stages_ms" in ks[0]:
+        row["keel_stages_ms"] = {s: round(median([k["stages_ms"][s] for k in ks]), 2) for s in ks[0]["stages_ms"]}
+    if optimizer == "muon":
+        row.update(keel_ns_share=round(median([k["ns_share"] for k in ks]), 4),
+                   torch_ns_share=round(median([t["ns_share"] for t in ts]), 4),
+                   keel_ns_ms=round(median([k["ns_ms_per_step"] for k in ks]), 2),
+                   torch_ns_ms=round(median([t["ns_ms_per_step"] for t in ts]), 2))
+    if precision == "bf16":
+        k32 = median([k["tokens_per_s"] for k in k32s])
+        row.update(keel_fp32_tokens_per_s=round(k32, 1), keel_bf16_over_fp32=round(k_tps / k32, 3),
+                   keel_fp32_peak_mb=round(median([k["peak_rss_mb"] for k in k32s]), 1))
+    return row
+
+
+def print_row(row):
+    print(f"{row['case']:6s} B={row['batch']} T={row['seq']}: keel {row['keel_tokens_per_s']:>8.0f} tok/s  "
+          f"torch[{row['peer']}/{row['peer_blas']}] {row['torch_tokens_per_s']:>8.0f} tok/s  "
+          f"ratio {row['speed_ratio']:.2f}x (median of {row['pairs']} pairs, {row['speed_ratio_min']:.2f}.."
+          f"{row['speed_ratio_max']:.2f})  |  peak RSS keel {row['keel_peak_mb']:.0f} MB, "
+          f"torch {row['torch_peak_mb']:.0f} MB (ratio {row['memory_ratio']:.2f})", flush=True)
+    if row["peer_candidates_tokens_per_s"]:
+        print(f"{'':6s} peers searched (tok/s): " +
+              ", ".join(f"{k} {v:.0f}" for k, v in row["peer_candidates_tokens_per_s"].items()), flush=True)
+    if row["precision"] == "bf16":
+        print(f"{'':6s} keel bf16 vs keel fp32 ({row['keel_fp32_tokens_per_s']:.0f} tok/s, "
+              f"{row['keel_fp32_peak_mb']:.0f} MB): {row['keel_bf16_over_fp32']:.2f}x", flush=True)
+    if row["optimizer"] == "muon":
+        print(f"{'':6s} Newton-Schulz per step: keel {row['keel_ns_ms']:.1f} ms "
+              f"({100 * row['keel_ns_share']:.1f}% of the step), torch {row['torch_ns_ms']:.1f} ms "
+              f"({100 * row['torch_ns_share']:.1f}%)", flush=True)
+    if "keel_stages_ms" in row:
+        print(f"{'':6s} keel stages (ms/step): " +
+              ", ".join(f"{k} {v:.1f}" for k, v in row["keel_stages_ms"].items()), flush=True)
 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         a = sys.argv[2:]
-        torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], a[6] if len(a) > 6 else "fp32")
+        torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], a[6], a[7])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keel", default=os.path.join(ROOT, "build/release/keel"))
@@ -169,52 +300,21 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run each side this many times, interleaved, and keep the fastest (shared, noisy machines)")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved keel/PyTorch pairs per case")
+    ap.add_argument("--peer", default="auto", help="PyTorch candidate to race (auto: the fastest measured)")
+    ap.add_argument("--blas", default="auto", choices=["auto", "openmp", "pthread"],
+                    help="OpenBLAS build under PyTorch (auto: the fastest measured)")
+    ap.add_argument("--search-repeat", type=int, default=2, help="runs of each candidate when --peer/--blas is auto")
     ap.add_argument("--json", action="store_true", help="print one JSON object per case")
     args = ap.parse_args()
-    rows = []
+    if not args.json:
+        print(f"CPU: {cpu_description()}; {args.threads} threads each side", flush=True)
     for case in args.cases.split(","):
-        config, batch, seq, optimizer, *rest = CASES[case]
-        precision = rest[0] if rest else "fp32"
-        def best(runs):
-            return max(runs, key=lambda r: r["tokens_per_s"])
-        ks, ts, k32s = [], [], []
-        for _ in range(args.repeat):
-            ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
-                               precision))
-            ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision))
-            if precision == "bf16":
-                k32s.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer))
-        k, t = best(ks), best(ts)
-        row = {"case": case, "config": config, "batch": batch, "seq": seq, "optimizer": optimizer,
-               "precision": precision,
-               "keel_tokens_per_s": round(k["tokens_per_s"], 1), "torch_tokens_per_s": round(t["tokens_per_s"], 1),
-               "speed_ratio": round(k["tokens_per_s"] / t["tokens_per_s"], 3),
-               "keel_peak_mb": round(k["peak_rss_mb"], 1), "torch_peak_mb": round(t["peak_rss_mb"], 1),
-               "memory_ratio": round(k["peak_rss_mb"] / t["peak_rss_mb"], 3)}
-        if optimizer == "muon":
-            row.update(keel_ns_share=round(k["ns_share"], 4), torch_ns_share=round(t["ns_share"], 4),
-                       keel_ns_ms=round(k["ns_ms_per_step"], 2), torch_ns_ms=round(t["ns_ms_per_step"], 2))
-        if precision == "bf16":
-            k32 = best(k32s)
-            row.update(keel_fp32_tokens_per_s=round(k32["tokens_per_s"], 1),
-                       keel_bf16_over_fp32=round(k["tokens_per_s"] / k32["tokens_per_s"], 3))
-        rows.append(row)
+        row = race(args, case)
         if args.json:
             print(json.dumps(row), flush=True)
         else:
-            print(f"{case:6s} B={batch} T={seq}: keel {row['keel_tokens_per_s']:>9.0f} tok/s  "
-                  f"torch {row['torch_tokens_per_s']:>9.0f} tok/s  ratio {row['speed_ratio']:.2f}x  |  "
-                  f"peak RSS keel {row['keel_peak_mb']:.0f} MB, torch {row['torch_peak_mb']:.0f} MB "
-                  f"(ratio {row['memory_ratio']:.2f})", flush=True)
-            if precision == "bf16":
-                print(f"{'':6s} keel bf16 vs keel fp32 ({row['keel_fp32_tokens_per_s']:.0f} tok/s): "
-                      f"{row['keel_bf16_over_fp32']:.2f}x", flush=True)
-            if optimizer == "muon":
-                print(f"{'':6s} Newton-Schulz per step: keel {row['keel_ns_ms']:.1f} ms "
-                      f"({100 * row['keel_ns_share']:.1f}% of the step), torch {row['torch_ns_ms']:.1f} ms "
-                      f"({100 * row['torch_ns_share']:.1f}%)", flush=True)
+            print_row(row)
 
 
 if __name__ == "__main__":

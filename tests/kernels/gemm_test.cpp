@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 
@@ -47,6 +49,47 @@ TEST(GemmKernel, MatchesReferenceForAllTranspositions) {
       for (int64_t i = 0; i < cs.m; ++i) EXPECT_EQ(c[size_t(i * ldc + cs.n)], c_ref[size_t(i * ldc + cs.n)]);
     }
   }
+}
+
+// Shapes big enough that gemm cuts C into panels (both directions, ragged last panels, the
+// padded copy of a transposed A whose stride is a multiple of 256), against the reference.
+TEST(GemmKernel, PanelScheduleMatchesReference) {
+  const GemmCase cases[] = {
+      {false, true, 600, 300, 64, 1.f, 0.f},   {false, false, 530, 70, 128, 1.f, 1.f},
+      {true, false, 1024, 48, 96, 0.5f, 1.f},  {true, true, 40, 2100, 50, 1.f, 0.f},
+      {true, false, 512, 256, 256, 1.f, 0.5f},
+  };
+  for (const GemmCase& cs : cases) {
+    const GemmPanels p = gemm_panels(cs.m, cs.n, cs.k);
+    EXPECT_GT(((cs.m + p.rows - 1) / p.rows) * ((cs.n + p.cols - 1) / p.cols), 1) << cs.m << "x" << cs.n;
+    const int64_t lda = cs.ta ? cs.m : cs.k, ldb = cs.tb ? cs.k : cs.n, ldc = cs.n;
+    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 4);
+    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 5);
+    auto c = random_vector(size_t(cs.m * ldc), 6);
+    auto c_ref = c;
+    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+    gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
+    double worst = 0;
+    for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(double(c[i]) - double(c_ref[i])));
+    EXPECT_LT(worst, 1e-5 * (1 + double(cs.k))) << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n;
+  }
+}
+
+// The panels are a function of the shape alone and each is computed by one call on one thread,
+// so the product is bit-identical with one thread or several: what lets the thread governor
+// change the team size between steps without changing a run's numbers.
+TEST(GemmKernel, ResultDoesNotDependOnTheThreadCount) {
+  const int64_t m = 700, n = 520, k = 300;
+  const auto a = random_vector(size_t(k * m), 7);  // stored (k, m): the weight-gradient shape
+  const auto b = random_vector(size_t(k * n), 8);
+  std::vector<float> one(size_t(m * n)), two(size_t(m * n));
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  gemm(true, false, m, n, k, 1.f, a.data(), m, b.data(), n, 0.f, one.data(), n);
+  omp_set_num_threads(std::max(2, saved));
+  gemm(true, false, m, n, k, 1.f, a.data(), m, b.data(), n, 0.f, two.data(), n);
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
 }
 
 TEST(GemmKernel, ZeroInnerDimensionScalesByBeta) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/core/stage_timer.hpp"
 #include "keel/arch/config_file.hpp"
 #include "keel/cli/commands.hpp"
 #include "keel/core/error.hpp"
@@ -339,10 +340,13 @@ void register_bench(CLI::App& app) {
     };
     for (int64_t i = 0; i < o->warmup; ++i) step();
     ns_seconds = 0;
+    stage_timer::enable(o->json);
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o->steps; ++i) step();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
                 static_cast<double>(o->steps);
+    const stage_timer::Totals stages = stage_timer::totals();
+    stage_timer::enable(false);
     double tps = static_cast<double>(n) / (ms / 1000.0);
     const double ns_ms = ns_seconds * 1000.0 / static_cast<double>(o->steps);
     if (o->json) {
@@ -352,6 +356,18 @@ void register_bench(CLI::App& app) {
         out["ns_ms_per_step"] = ns_ms;
         out["ns_share"] = ns_ms / ms;
       }
+      // Exclusive time per kind of work, per step; GEMMs inside the loss and Newton-Schulz count
+      // as gemm. gemm_gflops_per_s is the GEMMs' achieved rate over their own time.
+      json per_stage = json::object();
+      const double steps = static_cast<double>(o->steps);
+      for (int i = 0; i < stage_timer::kStages; ++i) {
+        per_stage[std::string(stage_timer::stage_name(static_cast<stage_timer::Stage>(i)))] =
+            stages.seconds[static_cast<size_t>(i)] * 1000.0 / steps;
+      }
+      out["stages_ms"] = per_stage;
+      const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
+      out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;
+      out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;
       std::printf("%s\n", out.dump().c_str());
     } else {
       std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB", ms, tps, peak_rss_mb());

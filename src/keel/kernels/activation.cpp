@@ -1,7 +1,10 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/activation.hpp"
 
 #include <cmath>
 #include <numbers>
+
+#include "keel/kernels/fast_math.hpp"
 
 namespace keel::kernels {
 
@@ -12,11 +15,13 @@ namespace {
 template <Activation A>
 struct Act;
 
+// SiLU and the tanh GELU use the branch-free exp/tanh of fast_math.hpp so their loops
+// vectorize (libm's expf and tanhf are scalar calls without -ffast-math: 8x the time on AVX2).
 template <>
 struct Act<Activation::Silu> {
-  static float f(float x) { return x / (1.f + std::exp(-x)); }
+  static float f(float x) { return x / (1.f + detail::fast_exp(-x)); }
   static float df(float x) {
-    const float s = 1.f / (1.f + std::exp(-x));
+    const float s = 1.f / (1.f + detail::fast_exp(-x));
     return s * (1.f + x * (1.f - s));
   }
 };
@@ -35,9 +40,9 @@ template <>
 struct Act<Activation::GeluTanh> {
   // Hendrycks & Gimpel 2016, eq. for the tanh approximation; constant √(2/π).
   static constexpr float kC = 0.7978845608028654f, kA = 0.044715f;
-  static float f(float x) { return 0.5f * x * (1.f + std::tanh(kC * (x + kA * x * x * x))); }
+  static float f(float x) { return 0.5f * x * (1.f + detail::fast_tanh(kC * (x + kA * x * x * x))); }
   static float df(float x) {
-    const float t = std::tanh(kC * (x + kA * x * x * x));
+    const float t = detail::fast_tanh(kC * (x + kA * x * x * x));
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kC * (1.f + 3.f * kA * x * x);
   }
 };
@@ -62,6 +67,7 @@ void dispatch(Activation act, Fn fn) {
 
 // x: (n) -> y: (n)
 void activation_forward(const float* x, float* y, int64_t n, Activation act) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
   dispatch(act, [&](auto a) {
     using A = decltype(a);
 #pragma omp parallel for simd schedule(static)
@@ -71,6 +77,7 @@ void activation_forward(const float* x, float* y, int64_t n, Activation act) {
 
 // x, dy: (n); accumulates dx: (n)
 void activation_backward(const float* x, const float* dy, float* dx, int64_t n, Activation act) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
   dispatch(act, [&](auto a) {
     using A = decltype(a);
 #pragma omp parallel for simd schedule(static)
@@ -80,6 +87,7 @@ void activation_backward(const float* x, const float* dy, float* dx, int64_t n, 
 
 // gate, up: (n) -> h: (n)
 void gated_forward(const float* gate, const float* up, float* h, int64_t n, Activation act) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
   dispatch(act, [&](auto a) {
     using A = decltype(a);
 #pragma omp parallel for simd schedule(static)
@@ -90,8 +98,17 @@ void gated_forward(const float* gate, const float* up, float* h, int64_t n, Acti
 // gate, up, dh: (n); accumulates dgate, dup: (n) (either may be null)
 void gated_backward(const float* gate, const float* up, const float* dh, float* dgate, float* dup, int64_t n,
                     Activation act) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
   dispatch(act, [&](auto a) {
     using A = decltype(a);
+    if (dgate != nullptr && dup != nullptr) {  // one pass over the three inputs
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        dgate[i] += A::df(gate[i]) * up[i] * dh[i];
+        dup[i] += A::f(gate[i]) * dh[i];
+      }
+      return;
+    }
     if (dgate != nullptr) {
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < n; ++i) dgate[i] += A::df(gate[i]) * up[i] * dh[i];

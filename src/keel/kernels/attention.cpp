@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/attention.hpp"
 
 #include <algorithm>
@@ -133,6 +134,7 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
 // q: (B,T,Hq,Dqk), k: (B,T,Hkv,Dqk), v: (B,T,Hkv,Dv) -> out: (B,T,Hq,Dv), lse: (B,Hq,T); max_logit: (Hq)
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, float* max_logit,
                        const AttentionDims& d) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Attention);
   check_dims(d);
   const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
   const int64_t P = d.q_offset, Tk = P + T;  // cached positions before the queries, key rows
@@ -224,6 +226,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 // Accumulates dq: (B,T,Hq,Dqk), dk: (B,T,Hkv,Dqk), dv: (B,T,Hkv,Dv)
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Attention);
   check_dims(d);
   KEEL_CHECK(d.q_offset == 0 && d.k_stride == 0 && d.v_stride == 0);  // training shapes only
   const int64_t B = d.batch, T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;

@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/cross_entropy.hpp"
 
 #include <algorithm>
@@ -26,6 +27,7 @@ int64_t chunk_rows(int64_t n, int64_t vocab) {
 LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* targets, int64_t n, int64_t c,
                                  int64_t vocab, float z_loss, float final_softcap, float grad_scale, float* dh,
                                  float* dw) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Loss);
   const bool want_grad = dh != nullptr || dw != nullptr;
   const int64_t rows = chunk_rows(n, vocab);
   std::vector<float> logits(size_t(rows * vocab));
@@ -57,17 +59,35 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
       float zmax = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : zmax)
       for (int64_t j = 0; j < vocab; ++j) zmax = std::max(zmax, z[j]);
+      const float zt = z[tg[i]];
       float sum = 0.f;
+      if (want_grad && cap == 0.f) {
+        // Keep e^(z - max) in place: the gradient below is then one multiply per logit, not a
+        // second exp (the logits are not needed again without a cap).
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < vocab; ++j) sum += detail::fast_exp(z[j] - zmax);
+        for (int64_t j = 0; j < vocab; ++j) {
+          z[j] = detail::fast_exp(z[j] - zmax);
+          sum += z[j];
+        }
+      } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < vocab; ++j) sum += detail::fast_exp(z[j] - zmax);
+      }
       const double lse = double(zmax) + std::log(double(sum));
-      row_ce[size_t(i)] = lse - double(z[tg[i]]);
+      row_ce[size_t(i)] = lse - double(zt);
       row_z[size_t(i)] = lse * lse;
       if (!want_grad) continue;
+      if (cap == 0.f) {
+        // softmax_j·a = e^(z_j - max)·a/sum
+        const float a = float(double(grad_scale) * (1.0 + 2.0 * double(z_loss) * lse) / double(sum));
+#pragma omp simd
+        for (int64_t j = 0; j < vocab; ++j) z[j] *= a;
+        z[tg[i]] -= grad_scale;
+        continue;
+      }
       // ∂/∂z_j [lse - z_t + λ·lse²] = softmax_j·(1 + 2λ·lse) - [j = t]; the cap adds 1 - (z/cap)².
       const float lse_f = float(lse);
       const float a = grad_scale * (1.f + 2.f * z_loss * lse_f);
-      const float zt = z[tg[i]];
 #pragma omp simd
       for (int64_t j = 0; j < vocab; ++j) {
         float g = a * detail::fast_exp(z[j] - lse_f);

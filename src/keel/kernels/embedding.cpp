@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/embedding.hpp"
 
 #include <omp.h>
@@ -8,6 +9,7 @@ namespace keel::kernels {
 
 // ids: (n), table: (vocab, dim) -> out: (n, dim)
 void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, float scale) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = table + int64_t(ids[i]) * dim;
@@ -21,6 +23,7 @@ void embedding_forward(const int32_t* ids, const float* table, float* out, int64
 
 // ids: (n), dout: (n, dim); accumulates dtable: (vocab, dim)
 void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, float scale) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
   // Column slices of 16 floats (one cache line) keep threads off each other's lines.
   constexpr int64_t kAlign = 16;
   const int64_t units = (dim + kAlign - 1) / kAlign;

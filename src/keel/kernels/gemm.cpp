@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/gemm.hpp"
 
 // The backend is chosen at configure time (cmake/gemm_backend.cmake): oneDNN by default, as
@@ -8,6 +9,9 @@
 #include <cblas.h>
 #endif
 
+#include <omp.h>
+
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -30,9 +34,54 @@ extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_di
 
 namespace keel::kernels {
 
+namespace {
+
+// One single-threaded (or, outside a parallel region, library-threaded) call of the backend.
+void backend_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if KEEL_GEMM_DNNL
+  // dnnl_sgemm is row-major with the same argument order as cblas.
+  const dnnl_status_t st =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  KEEL_CHECK(st == dnnl_success);
+#else
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
+              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+#endif
+}
+
+}  // namespace
+
+GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
+  GemmPanels p{std::min(m, kGemmPanelRows), std::min(n, kGemmPanelCols)};
+  auto count = [&] { return ((m + p.rows - 1) / p.rows) * ((n + p.cols - 1) / p.cols); };
+  auto flops = [&] { return 2.0 * double(p.rows) * double(p.cols) * double(k); };
+  auto half = [](int64_t x) { return (x / 2 + 15) / 16 * 16; };  // halves on 16-column boundaries
+  // Enough panels that a dynamic schedule balances a few threads, none so small that the
+  // backend's per-call packing dominates.
+  while (count() < kGemmMinPanels && flops() >= 2 * kGemmPanelMinFlops) {
+    if (p.rows >= 128 && (p.rows >= p.cols / 2 || p.cols < 128)) p.rows = half(p.rows);
+    else if (p.cols >= 128) p.cols = half(p.cols);
+    else break;
+  }
+  return p;
+}
+
 // C: (m, n) = alpha·op(A)(m, k)·op(B)(k, n) + beta·C
+//
+// keel schedules the threads itself: C is cut into panels by a rule of the shape alone
+// (gemm_panels), and the threads of one OpenMP team take panels as they come free, each running
+// the backend single-threaded on its panel. So (1) every element of C is computed by the same
+// call whatever the thread count or whichever thread runs it: results do not depend on the
+// number of threads, which lets the thread governor change it between steps; (2) a thread the
+// OS preempts holds back only the panel it is on, the others take the rest, which is what keeps
+// a step fast on a loaded machine (docs/performance.md, "Under load"); (3) each panel is a shape
+// the backend handles well on one core (oneDNN 2.6 runs a TN product with M >= 1024 and N = 256
+// at 38 GFLOP/s on one Zen 3 core, and at 80 with M <= 768).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
+  stage_timer::add_gemm_flops(m, n, k);
   if (m == 0 || n == 0) return;
   // cblas takes int dimensions; a silent wrap would corrupt memory. (Checked for both backends
   // so the limits do not depend on the build.)
@@ -43,15 +92,36 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
     return;
   }
-#if KEEL_GEMM_DNNL
-  // dnnl_sgemm is row-major with the same argument order as cblas.
-  const dnnl_status_t st =
-      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  KEEL_CHECK(st == dnnl_success);
-#else
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
-              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-#endif
+  const GemmPanels p = gemm_panels(m, n, k);
+  const int64_t row_panels = (m + p.rows - 1) / p.rows, col_panels = (n + p.cols - 1) / p.cols;
+  const int64_t panels = row_panels * col_panels;
+  auto run_panel = [&](int64_t panel) {
+    const int64_t i0 = (panel / col_panels) * p.rows, j0 = (panel % col_panels) * p.cols;
+    const int64_t mi = std::min(p.rows, m - i0), nj = std::min(p.cols, n - j0);
+    const float* ap = trans_a ? a + i0 : a + i0 * lda;  // A stored (k, m) when transposed
+    const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
+    int64_t ap_ld = lda;
+    if (trans_a && lda % 256 == 0 && lda > mi) {
+      // A transposed with a row stride of a multiple of 1 KiB (a weight gradient dyᵀ·x of a
+      // layer 1,024 or 8,192 wide): the backend's reads of the panel's k rows then fall into a
+      // few cache sets and run at half speed (38 against 80 GFLOP/s on one Zen 3 core). Copy
+      // the panel to a padded stride first; it is read once, the product reads it n/16 times.
+      thread_local std::vector<float> panel_a;
+      ap_ld = mi + 16;
+      if (panel_a.size() < static_cast<size_t>(k * ap_ld)) panel_a.resize(static_cast<size_t>(k * ap_ld));
+      for (int64_t r = 0; r < k; ++r) std::memcpy(panel_a.data() + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
+      ap = panel_a.data();
+    }
+    backend_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, c + i0 * ldc + j0, ldc);
+  };
+  if (panels == 1 || omp_in_parallel()) {
+    // Inside a parallel region (a GEMM per expert, per attention block) the caller shares the
+    // work; the backend then runs on this thread alone.
+    for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
 }
 
 namespace {
@@ -106,6 +176,7 @@ void force_portable_bf16_gemm(bool portable) { force_portable.store(portable); }
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
   if (m == 0 || n == 0 || k == 0) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // no product: only beta
     return;
@@ -116,6 +187,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
+    stage_timer::add_gemm_flops(m, n, k);
     thread_local std::vector<uint16_t> a_buf, b_buf;
     uint16_t* a16 = scratch(a_buf, a_rows * a_cols);
     uint16_t* b16 = scratch(b_buf, b_rows * b_cols);

@@ -11,6 +11,15 @@ namespace keel::kernels {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// How gemm cuts C into panels that the threads share (rows x cols each, the last ones smaller):
+// a function of the shape alone, never of the thread count (gemm.cpp says why).
+struct GemmPanels {
+  int64_t rows, cols;
+};
+constexpr int64_t kGemmPanelRows = 256, kGemmPanelCols = 1024, kGemmMinPanels = 8;
+constexpr double kGemmPanelMinFlops = 2e6;  // no panel is made smaller than this
+GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k);
+
 // Same contract as gemm; a triple loop accumulating in double. For tests only.
 void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/norm.hpp"
 
 #include <algorithm>
@@ -27,6 +28,7 @@ void accumulate_columns(float* out, int64_t rows, int64_t dim, Term term) {
 
 // x: (rows, dim), w: (dim) -> y: (rows, dim), rstd: (rows)
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
@@ -47,6 +49,7 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
 // x, dy: (rows, dim), rstd: (rows); accumulates dx: (rows, dim), dw: (dim)
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw,
                       int64_t rows, int64_t dim) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
   if (dx != nullptr) {
     // y_j = x_j·r·w_j with r = (mean(x²)+eps)^-½, ∂r/∂x_k = -r³·x_k/dim, hence
     // dx_k = r·w_k·dy_k - x_k·r³/dim · Σ_j dy_j·w_j·x_j.
@@ -71,6 +74,7 @@ void rmsnorm_backward(const float* x, const float* w, const float* rstd, const f
 // x: (rows, dim), w, b: (dim) -> y: (rows, dim), mean, rstd: (rows)
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                        int64_t rows, int64_t dim, float eps) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
@@ -97,6 +101,7 @@ void layernorm_forward(const float* x, const float* w, const float* b, float* y,
 // x, dy: (rows, dim), mean, rstd: (rows); accumulates dx: (rows, dim), dw, db: (dim)
 void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
                         float* dx, float* dw, float* db, int64_t rows, int64_t dim) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
   if (dx != nullptr) {
     // With x̂ = (x-μ)·r and g = dy·w: dx = r·(g - mean(g) - x̂·mean(g·x̂)).
 #pragma omp parallel for schedule(static)

@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/rope.hpp"
 
 #include <algorithm>
@@ -152,6 +153,7 @@ namespace {
 // sign = +1 rotates by +angle (forward), -1 by -angle (backward, the transpose).
 void rope_apply(float* x, const RopeTable& table, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                 int64_t first_position, float sign) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
   KEEL_CHECK(table.rotary_dim <= head_dim && first_position >= 0 && first_position + seq <= table.max_positions);
   const int64_t half = table.rotary_dim / 2;
   // Pair i is (i, i + half) in the rotate-half layout, (2i, 2i + 1) when interleaved.

@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/optim/adamw.hpp"
 
 #include <cmath>
@@ -15,6 +16,7 @@ AdamW::AdamW(AdamWConfig config, Ownership ownership)
       v_(static_cast<size_t>(ownership_.state_floats())) {}
 
 void AdamW::step(nn::ParameterStore& store, float lr) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
   ++step_;
   const double bias1 = 1.0 - std::pow(static_cast<double>(config_.beta1), static_cast<double>(step_));
   const double bias2 = 1.0 - std::pow(static_cast<double>(config_.beta2), static_cast<double>(step_));
@@ -24,6 +26,7 @@ void AdamW::step(nn::ParameterStore& store, float lr) {
 }
 
 void AdamW::step(nn::ParameterStore& store, float lr, std::span<const size_t> slices) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
   ++step_;
   const double bias1 = 1.0 - std::pow(static_cast<double>(config_.beta1), static_cast<double>(step_));
   const double bias2 = 1.0 - std::pow(static_cast<double>(config_.beta2), static_cast<double>(step_));

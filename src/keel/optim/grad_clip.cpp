@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/optim/grad_clip.hpp"
 
 #include <cmath>
@@ -31,6 +32,7 @@ double sum_of_squares(std::span<const float> grads) {
 }
 
 double clip_grad_norm(std::span<float> grads, double max_norm) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
   const double norm = global_grad_norm(grads);
   scale_to_max_norm(grads, norm, max_norm);
   return norm;

@@ -1,3 +1,4 @@
+#include "keel/core/stage_timer.hpp"
 #include "keel/optim/muon.hpp"
 
 #include <algorithm>
@@ -138,6 +139,7 @@ float Muon::update_scale(int64_t rows, int64_t cols, const float* o) const {
 }
 
 void Muon::step(nn::ParameterStore& store, float lr) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
   ++step_;
   double ns_seconds = 0;
   const float beta = config_.momentum;
