@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/core/stage_timer.hpp"
+#include "keel/core/thread_governor.hpp"
 #include "keel/arch/config_file.hpp"
 #include "keel/cli/commands.hpp"
 #include "keel/core/error.hpp"
@@ -327,7 +328,9 @@ void register_bench(CLI::App& app) {
       tokens[i] = static_cast<int32_t>(uniform_int_at(7, 1, static_cast<uint64_t>(i), static_cast<uint64_t>(spec.vocab_size)));
       targets[i] = static_cast<int32_t>(uniform_int_at(7, 2, static_cast<uint64_t>(i), static_cast<uint64_t>(spec.vocab_size)));
     }
+    std::vector<int> teams;  // the governor's team size for each timed step
     auto step = [&] {
+      teams.push_back(thread_governor().step_boundary());
       store.zero_grad();
       model.forward_backward(tokens.data(), targets.data(), o->batch, o->seq, 1.0f / static_cast<float>(n));
       optim::clip_grad_norm(store.grads(), 1.0);
@@ -340,6 +343,7 @@ void register_bench(CLI::App& app) {
     };
     for (int64_t i = 0; i < o->warmup; ++i) step();
     ns_seconds = 0;
+    teams.clear();
     stage_timer::enable(o->json);
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o->steps; ++i) step();
@@ -365,6 +369,7 @@ void register_bench(CLI::App& app) {
             stages.seconds[static_cast<size_t>(i)] * 1000.0 / steps;
       }
       out["stages_ms"] = per_stage;
+      out["threads"] = teams;  // per timed step; KEEL_THREADS=fixed pins it
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;
       out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;

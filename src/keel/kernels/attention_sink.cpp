@@ -1,5 +1,6 @@
 #include "keel/kernels/attention_sink.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -28,16 +29,15 @@ void attention_sink_forward(float* out, float* lse, const float* sinks, const At
 void attention_sink_backward(const float* out, const float* lse, const float* sinks, const float* dout,
                              float* dsinks, const AttentionDims& d) {
   const int64_t rows = d.batch * d.seq;
-  // Per-thread partial sums in double, added in thread order afterwards, so that a run is
-  // bit-reproducible at a given thread count (no order-dependent critical section).
-  std::vector<std::vector<double>> parts;
-#pragma omp parallel
-  {
-#pragma omp single
-    parts.assign(static_cast<size_t>(omp_get_num_threads()), std::vector<double>(static_cast<size_t>(d.heads), 0.0));
-    std::vector<double>& part = parts[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+  // Partial sums in double over fixed chunks of rows, added in chunk order afterwards, so the
+  // gradient is the same bits at any thread count (no order-dependent critical section).
+  constexpr int64_t kRowsPerChunk = 64;
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  std::vector<std::vector<double>> parts(static_cast<size_t>(chunks), std::vector<double>(static_cast<size_t>(d.heads), 0.0));
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    std::vector<double>& part = parts[static_cast<size_t>(chunk)];
+    for (int64_t r = chunk * kRowsPerChunk; r < std::min(rows, (chunk + 1) * kRowsPerChunk); ++r) {
       const int64_t b = r / d.seq, i = r % d.seq;
       for (int64_t h = 0; h < d.heads; ++h) {
         const float* o = out + (r * d.heads + h) * d.v_dim;

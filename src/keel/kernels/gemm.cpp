@@ -114,10 +114,19 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     }
     backend_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, c + i0 * ldc + j0, ldc);
   };
-  if (panels == 1 || omp_in_parallel()) {
+  if (omp_in_parallel()) {
     // Inside a parallel region (a GEMM per expert, per attention block) the caller shares the
     // work; the backend then runs on this thread alone.
     for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
+    return;
+  }
+  if (panels == 1) {
+    // One panel runs on one thread too, so that the backend never picks a split of its own
+    // that depends on the team size.
+    const int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    run_panel(0);
+    omp_set_num_threads(team);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1)

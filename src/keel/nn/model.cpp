@@ -1,4 +1,5 @@
 #include "keel/nn/model.hpp"
+#include "keel/core/fixed_order_sum.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -265,9 +266,11 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   const int64_t heads = spec_.attention.num_heads;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = blocks_[l]->forward(store_, arena_, x, s, max_logits_.data() + l * heads);
-    double sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
-    for (int64_t i = 0; i < n * h; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const double sum = fixed_order_sum<1>(n * h, [x](int64_t i0, int64_t i1) {
+      double s = 0;
+      for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+      return std::array<double, 1>{s};
+    })[0];
     activation_ms_[l] = sum / static_cast<double>(n * h);
     if (const Moe* m = blocks_[l]->moe()) {
       std::copy(m->load().begin(), m->load().end(), expert_load_.begin() + static_cast<int64_t>(l) * m->experts());

@@ -1,4 +1,5 @@
 #include "keel/optim/newton_schulz.hpp"
+#include "keel/core/fixed_order_sum.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -33,8 +34,11 @@ void newton_schulz5(const float* g, float* out, int64_t rows, int64_t cols, floa
   } else {
     std::memcpy(x, g, static_cast<size_t>(r * c) * sizeof(float));
   }
-#pragma omp parallel for reduction(+ : sumsq) schedule(static)
-  for (int64_t i = 0; i < r * c; ++i) sumsq += static_cast<double>(x[i]) * x[i];
+  sumsq = fixed_order_sum<1>(r * c, [&](int64_t i0, int64_t i1) {
+    double s = 0;
+    for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    return std::array<double, 1>{s};
+  })[0];
   const float inv = static_cast<float>(1.0 / (std::sqrt(sumsq) + kNewtonSchulzEps));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < r * c; ++i) x[i] *= inv;

@@ -1,6 +1,7 @@
 #include "keel/train/step_loop.hpp"
 
 #include "keel/core/error.hpp"
+#include "keel/core/thread_governor.hpp"
 #include "keel/optim/grad_clip.hpp"
 
 namespace keel::train {
@@ -53,6 +54,7 @@ double run_steps(TrainerParts& p, TrainState& state, int64_t last_step) {
   double last_ce = StepContext::kNaN;
   for (MetricsSink* m : p.metrics) m->begin(state);
   while (state.step < last_step) {
+    thread_governor().step_boundary();  // the team for this step, from the load on the machine
     StepContext step = begin_step(p, state);
     p.reducer->begin_step();
     // A step whose gradients a fault will poison after backward reduces them all afterwards.

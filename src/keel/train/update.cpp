@@ -1,4 +1,5 @@
 #include "keel/train/update.hpp"
+#include "keel/core/fixed_order_sum.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -36,14 +37,16 @@ bool UpdateStage::measure(StepContext& step) const {
     const nn::ParamInfo& p = entries[pi];
     const float* now = store_.values().data() + p.offset;
     const float* old = before_.data() + p.offset;
-    double d2 = 0, w2 = 0, bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : d2, w2, bad)
-    for (int64_t i = 0; i < p.numel; ++i) {
-      const double d = static_cast<double>(now[i]) - old[i];
-      d2 += d * d;
-      w2 += static_cast<double>(old[i]) * old[i];
-      bad += std::isfinite(now[i]) ? 0.0 : 1.0;
-    }
+    const auto [d2, w2, bad] = fixed_order_sum<3>(p.numel, [now, old](int64_t i0, int64_t i1) {
+      std::array<double, 3> s{};
+      for (int64_t i = i0; i < i1; ++i) {
+        const double d = static_cast<double>(now[i]) - old[i];
+        s[0] += d * d;
+        s[1] += static_cast<double>(old[i]) * old[i];
+        s[2] += std::isfinite(now[i]) ? 0.0 : 1.0;
+      }
+      return s;
+    });
     if (bad > 0) finite = false;
     if (!p.matrix) continue;
     const size_t slot = param_layer_[pi] >= 0 && param_layer_[pi] < layers_ ? static_cast<size_t>(param_layer_[pi]) : layers;
