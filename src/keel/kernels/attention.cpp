@@ -8,6 +8,7 @@
 
 #include "keel/core/error.hpp"
 #include "keel/kernels/fast_math.hpp"
+#include "keel/kernels/gemm.hpp"
 
 namespace keel::kernels {
 
@@ -172,8 +173,11 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
           const int64_t lo = std::max<int64_t>(0, first_key(d, P + q0 + i) - k0);  // window
-          if (valid <= lo) continue;
           float* sr = s.data() + i * kBk;
+          // Masked keys get probability 0, so P·V below can run over the whole block.
+          for (int64_t j = 0; j < std::min(lo, nk); ++j) sr[j] = 0.f;
+          for (int64_t j = std::max(valid, lo); j < nk; ++j) sr[j] = 0.f;
+          if (valid <= lo) continue;
           float rmax = kNegInf;
 #pragma omp simd reduction(max : rmax)
           for (int64_t j = lo; j < valid; ++j) {
@@ -199,13 +203,10 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           float* orow = o.data() + i * Dv;
           if (corr != 1.f)
             for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr;
-          for (int64_t j = lo; j < valid; ++j) {
-            const float p = sr[j];
-            const float* vr = vbase + (k0 + j) * vs;
-#pragma omp simd
-            for (int64_t c = 0; c < Dv; ++c) orow[c] += p * vr[c];
-          }
         }
+        // O += P·V over the block: one small GEMM on this thread (the rank-1 row updates it
+        // replaces loaded and stored O once per key).
+        gemm(false, false, nq, Dv, nk, 1.f, s.data(), kBk, vbase + k0 * vs, vs, 1.f, o.data(), Dv);
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -298,29 +299,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               }
               for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
             }
-            // dv_j += Σ_i P_ij·dout_i ; dk_j += Σ_i dS_ij·q_i ; dq_i += Σ_j dS_ij·k_j
-            for (int64_t i = 0; i < nq; ++i) {
-              const float* pr = p.data() + i * kBk;
-              const float* dr = ds.data() + i * kBk;
-              const float* gi = grow + i * H * Dv;
-              const float* qi = qrow + i * H * Dk;
-              float* dqi = dq + ((b * T + q0 + i) * H + h) * Dk;
-              const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
-              const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
-              for (int64_t j = lo; j < valid; ++j) {
-                const float pj = pr[j], dsj = dr[j];
-                float* dvj = dvb.data() + j * Dv;
-                float* dkj = dkb.data() + j * Dk;
-                const float* kj = kbase + (k0 + j) * Hkv * Dk;
-#pragma omp simd
-                for (int64_t c = 0; c < Dv; ++c) dvj[c] += pj * gi[c];
-#pragma omp simd
-                for (int64_t c = 0; c < Dk; ++c) {
-                  dkj[c] += dsj * qi[c];
-                  dqi[c] += dsj * kj[c];
-                }
-              }
-            }
+            // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk: three small GEMMs on this
+            // thread over the whole block (masked entries of P and dS are 0).
+            float* dq_rows = dq + ((b * T + q0) * H + h) * Dk;
+            gemm(true, false, nk, Dv, nq, 1.f, p.data(), kBk, grow, H * Dv, 1.f, dvb.data(), Dv);
+            gemm(true, false, nk, Dk, nq, 1.f, ds.data(), kBk, qrow, H * Dk, 1.f, dkb.data(), Dk);
+            gemm(false, false, nq, Dk, nk, 1.f, ds.data(), kBk, kbase + k0 * Hkv * Dk, Hkv * Dk, 1.f, dq_rows, H * Dk);
           }
         }
         for (int64_t j = 0; j < nk; ++j) {
