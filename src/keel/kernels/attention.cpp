@@ -14,7 +14,8 @@ namespace keel::kernels {
 
 namespace {
 
-// Query rows and keys per block. 64×64 fp32 scores (16 KiB) plus a packed Kᵀ block stay in L1/L2.
+// Query rows and keys per block: 64×64 fp32 scores (16 KiB) stay in L1/L2. Every product of
+// blocks (Q·Kᵀ, P·V and the backward's five) is a small GEMM run on the thread that owns the task.
 constexpr int64_t kBq = 64;
 constexpr int64_t kBk = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -28,48 +29,6 @@ void check_dims(const AttentionDims& d) {
 // The first key position the query at `pos` sees (0 without a window).
 int64_t first_key(const AttentionDims& d, int64_t pos) {
   return d.window > 0 ? std::max<int64_t>(0, pos - d.window + 1) : 0;
-}
-
-// kt: (dim, kBk) = rows[0..n)ᵀ, rows strided by `stride`; columns n..kBk zeroed so the score
-// loops can always run the full, vectorizable block width.
-void pack_transposed(const float* rows, int64_t stride, int64_t n, int64_t dim, float* kt) {
-  for (int64_t dd = 0; dd < dim; ++dd) {
-    float* dst = kt + dd * kBk;
-    for (int64_t j = 0; j < n; ++j) dst[j] = rows[j * stride + dd];
-    for (int64_t j = n; j < kBk; ++j) dst[j] = 0.f;
-  }
-}
-
-// s: (n, kBk) = a(n, dim) · bt(dim, kBk); a rows strided by lda. Four rows at a time so each
-// loaded bt vector feeds four FMAs.
-void block_scores(const float* a, int64_t lda, int64_t n, const float* bt, int64_t dim, float* s) {
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    float acc[4][kBk] = {};
-    const float* a0 = a + i * lda;
-    for (int64_t dd = 0; dd < dim; ++dd) {
-      const float* b = bt + dd * kBk;
-      const float x0 = a0[dd], x1 = a0[lda + dd], x2 = a0[2 * lda + dd], x3 = a0[3 * lda + dd];
-#pragma omp simd
-      for (int64_t j = 0; j < kBk; ++j) {
-        acc[0][j] += x0 * b[j];
-        acc[1][j] += x1 * b[j];
-        acc[2][j] += x2 * b[j];
-        acc[3][j] += x3 * b[j];
-      }
-    }
-    std::copy(&acc[0][0], &acc[0][0] + 4 * kBk, s + i * kBk);
-  }
-  for (; i < n; ++i) {
-    float acc[kBk] = {};
-    for (int64_t dd = 0; dd < dim; ++dd) {
-      const float* b = bt + dd * kBk;
-      const float x = a[i * lda + dd];
-#pragma omp simd
-      for (int64_t j = 0; j < kBk; ++j) acc[j] += x * b[j];
-    }
-    std::copy(acc, acc + kBk, s + i * kBk);
-  }
 }
 
 // One query per sequence (a decoding step over a cache of P + 1 keys): the scores of a head are
@@ -151,7 +110,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 
 #pragma omp parallel
   {
-    std::vector<float> kt(size_t(Dk * kBk)), s(size_t(kBq * kBk)), o(size_t(kBq * Dv)), m(kBq), l(kBq);
+    std::vector<float> s(size_t(kBq * kBk)), o(size_t(kBq * Dv)), m(kBq), l(kBq);
     // Largest query blocks (most keys) first, so the dynamic schedule ends balanced.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -168,8 +127,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       // The window's band starts at the block's first query's first key.
       for (int64_t k0 = first_key(d, P + q0) / kBk * kBk; k0 < P + q0 + nq; k0 += kBk) {
         const int64_t nk = std::min(kBk, P + q0 + nq - k0);
-        pack_transposed(kbase + k0 * ks, ks, nk, Dk, kt.data());
-        block_scores(qrow, H * Dk, nq, kt.data(), Dk, s.data());
+        gemm(false, true, nq, nk, Dk, 1.f, qrow, H * Dk, kbase + k0 * ks, ks, 0.f, s.data(), kBk);
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
           const int64_t lo = std::max<int64_t>(0, first_key(d, P + q0 + i) - k0);  // window
@@ -251,7 +209,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   // no two threads write the same gradient and the sums are deterministic.
 #pragma omp parallel
   {
-    std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
+    std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
     std::vector<float> dkb(size_t(kBk * Dk)), dvb(size_t(kBk * Dv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Hkv; ++task) {
@@ -260,8 +218,6 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       const float* vbase = v + (b * T * Hkv + kvh) * Dv;
       for (int64_t k0 = 0; k0 < T; k0 += kBk) {
         const int64_t nk = std::min(kBk, T - k0);
-        pack_transposed(kbase + k0 * Hkv * Dk, Hkv * Dk, nk, Dk, kt.data());
-        pack_transposed(vbase + k0 * Hkv * Dv, Hkv * Dv, nk, Dv, vt.data());
         std::fill(dkb.begin(), dkb.end(), 0.f);
         std::fill(dvb.begin(), dvb.end(), 0.f);
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -274,8 +230,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             const float* grow = dout + ((b * T + q0) * H + h) * Dv;
             const float* lse_r = lse + (b * H + h) * T + q0;
             const float* delta_r = delta.data() + (b * H + h) * T + q0;
-            block_scores(qrow, H * Dk, nq, kt.data(), Dk, p.data());  // raw q·k
-            block_scores(grow, H * Dv, nq, vt.data(), Dv, ds.data());  // dP = dout·vᵀ
+            gemm(false, true, nq, nk, Dk, 1.f, qrow, H * Dk, kbase + k0 * Hkv * Dk, Hkv * Dk, 0.f, p.data(), kBk);  // q·k
+            gemm(false, true, nq, nk, Dv, 1.f, grow, H * Dv, vbase + k0 * Hkv * Dv, Hkv * Dv, 0.f, ds.data(), kBk);  // dP
             for (int64_t i = 0; i < nq; ++i) {
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
               const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
