@@ -134,3 +134,23 @@ TEST(Precision, NamesRoundTrip) {
 
 }  // namespace
 }  // namespace keel::kernels
+
+namespace keel::kernels {
+namespace {
+
+// A bf16 run on a CPU without native bf16 (or forced portable) is told that it buys no speed.
+TEST(GemmBf16, EmulationIsAnnouncedOnlyWhenEmulating) {
+  force_portable_bf16_gemm(true);
+  const std::string forced = bf16_emulation_note();
+  force_portable_bf16_gemm(false);
+  EXPECT_NE(forced.find("emulated"), std::string::npos) << forced;
+  if (bf16_gemm_native_available()) {
+    EXPECT_EQ(bf16_emulation_note(), "");
+    EXPECT_NE(forced.find("KEEL_BF16_GEMM=portable"), std::string::npos);
+  } else {
+    EXPECT_NE(bf16_emulation_note().find("no AVX512-BF16"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace keel::kernels

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/core/stage_timer.hpp"
+#include "keel/kernels/gemm.hpp"
 #include "keel/core/thread_governor.hpp"
 #include "keel/arch/config_file.hpp"
 #include "keel/cli/commands.hpp"
@@ -311,6 +312,9 @@ void register_bench(CLI::App& app) {
     }
     nn::TransformerModel model(spec);
     model.set_precision(*kernels::parse_precision(o->precision));
+    if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
+      std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
+    }
     model.initialize(1);
     auto& store = model.parameters();
     const bool use_muon = o->optimizer == "muon";

@@ -182,6 +182,13 @@ Bf16GemmPath bf16_gemm_path() {
 
 void force_portable_bf16_gemm(bool portable) { force_portable.store(portable); }
 
+std::string bf16_emulation_note() {
+  if (bf16_gemm_path() == Bf16GemmPath::Native) return "";
+  return std::string(bf16_gemm_native_available() ? "KEEL_BF16_GEMM=portable" : "this CPU has no AVX512-BF16") +
+         ": bf16 is emulated (operands rounded to bf16, then fp32 GEMMs), which gives bf16's numerics but no speed "
+         "(about 0.95x fp32 tokens/s) and no memory saving; use precision = \"fp32\" for speed (docs/precision.md)";
+}
+
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {

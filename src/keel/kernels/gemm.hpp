@@ -3,6 +3,7 @@
 // (OpenBLAS, OpenMP build: see docs/blas.md); gemm_reference is the plain loop tests compare to.
 // gemm_bf16 is the mixed-precision variant (bf16 operands, fp32 accumulation; docs/precision.md).
 #include <cstdint>
+#include <string>
 
 namespace keel::kernels {
 
@@ -46,5 +47,10 @@ bool bf16_gemm_native_available();
 // force_portable_bf16_gemm(true) or the environment variable KEEL_BF16_GEMM=portable (read once).
 Bf16GemmPath bf16_gemm_path();
 void force_portable_bf16_gemm(bool portable);
+
+// What a bf16 run should be told when the CPU cannot compute in bf16 (empty where it can): the
+// portable path gives bf16's numerics at fp32's speed or a little below, and more memory
+// (measured on an AVX2 Zen 3: 0.94-0.99x fp32 tokens/s, +9% peak RSS; docs/precision.md).
+std::string bf16_emulation_note();
 
 }  // namespace keel::kernels

@@ -1,5 +1,6 @@
 #include "keel/train/trainer.hpp"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,7 +13,9 @@
 #include "keel/core/error.hpp"
 #include "keel/core/files.hpp"
 #include "keel/data/shards.hpp"
+#include "keel/dist/communicator.hpp"
 #include "keel/io/model_dir.hpp"
+#include "keel/kernels/gemm.hpp"
 #include "keel/io/run_lock.hpp"
 #include "keel/nn/model.hpp"
 #include "keel/train/checkpoint.hpp"
@@ -48,6 +51,11 @@ arch::ModelSpec run_spec(const RunConfig& c, const std::string& run_dir, const j
 std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, const RunConfig& c, bool resuming) {
   auto model = std::make_unique<nn::TransformerModel>(spec);
   model->set_precision(c.precision);  // bf16: mixed precision over fp32 master weights
+  const dist::Communicator* comm = dist::current();
+  if (c.precision == kernels::Precision::Bf16 && (comm == nullptr || comm->is_root())) {
+    const std::string note = kernels::bf16_emulation_note();
+    if (!note.empty()) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
+  }
   model->initialize(c.seed);
   // A resumed run's weights come from its checkpoint; the folder it started from may be gone.
   if (!resuming && !c.init_from.empty()) io::load_weights(io::HfWeights::open_dir(c.init_from), *model);
