@@ -77,6 +77,7 @@ TEST(RunConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_field(kBase, {"optimizer.name=sgd"}), "optimizer.name");
   EXPECT_EQ(error_field(kBase, {"run.precision=\"fp16\""}), "run.precision");
   EXPECT_EQ(error_field(kBase, {"run.precision=16"}), "run.precision");
+  EXPECT_EQ(error_field(kBase, {"run.recompute=\"layers\""}), "run.recompute");
   EXPECT_EQ(error_field(kBase, {"steps=3"}), "steps=3");
   EXPECT_EQ(error_field("[run]\nsteps = 3\n"), "model.config");
   EXPECT_EQ(error_field("[run\nsteps = 3\n"), "");  // not TOML at all: the file is named, no field
@@ -122,6 +123,14 @@ TEST(RunConfig, PrecisionDefaultsToFp32AndRoundTrips) {
   RunConfig b = parse_run_config(to_toml(a), "again.toml");
   EXPECT_EQ(b.precision, kernels::Precision::Bf16);
   EXPECT_NE(to_toml(a).find("bf16"), std::string::npos) << to_toml(a);
+}
+
+TEST(RunConfig, RecomputeDefaultsToNoneAndRoundTrips) {
+  EXPECT_EQ(parse_run_config(kBase, "run.toml").recompute, nn::Recompute::None);
+  RunConfig a = parse_run_config(kBase, "run.toml", {"run.recompute=\"blocks\""});
+  EXPECT_EQ(a.recompute, nn::Recompute::Blocks);
+  EXPECT_EQ(parse_run_config(to_toml(a), "again.toml").recompute, nn::Recompute::Blocks);
+  EXPECT_EQ(parse_run_config(kBase, "run.toml", {"run.recompute=\"attention\""}).recompute, nn::Recompute::Attention);
 }
 
 }  // namespace

@@ -289,7 +289,7 @@ void register_train(CLI::App& app) {
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW or Muon) on random tokens");
   struct Options {
-    std::string config, optimizer = "adamw", precision = "fp32";
+    std::string config, optimizer = "adamw", precision = "fp32", recompute = "none";
     std::vector<std::string> sets;
     int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
     bool json = false;
@@ -304,6 +304,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--optimizer", o->optimizer, "adamw or muon (Muon also reports the Newton-Schulz share of a step)")
       ->check(CLI::IsMember({"adamw", "muon"}));
   add_precision_option(cmd, o->precision);
+  cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
+      ->check(CLI::IsMember({"none", "attention", "blocks"}));
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->callback([o] {
     arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
@@ -312,6 +314,7 @@ void register_bench(CLI::App& app) {
     }
     nn::TransformerModel model(spec);
     model.set_precision(*kernels::parse_precision(o->precision));
+    model.set_recompute(*nn::parse_recompute(o->recompute));
     if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
       std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
     }
@@ -373,7 +376,9 @@ void register_bench(CLI::App& app) {
             stages.seconds[static_cast<size_t>(i)] * 1000.0 / steps;
       }
       out["stages_ms"] = per_stage;
-      out["threads"] = teams;  // per timed step; KEEL_THREADS=fixed pins it
+      out["threads"] = teams;
+      out["recompute"] = o->recompute;
+      out["activation_mb"] = static_cast<double>(model.activation_capacity_bytes()) / (1024.0 * 1024.0);  // per timed step; KEEL_THREADS=fixed pins it
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;
       out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;

@@ -59,6 +59,17 @@ class Arena {
     high_water_ = std::max(high_water_, total_used_);
     return p;
   }
+  // A point to return to: release(mark) gives back everything allocated since, so a block's
+  // activations can be dropped once its output is copied out (activation recomputation).
+  struct Mark {
+    size_t blocks, used, total_used;
+  };
+  Mark mark() const { return {blocks_.size(), used_, total_used_}; }
+  void release(const Mark& m) {
+    while (blocks_.size() > m.blocks) blocks_.pop_back();  // grown since (first steps only)
+    used_ = m.used;
+    total_used_ = m.total_used;
+  }
   float* alloc_zeroed(size_t count) {
     float* p = alloc(count);
     std::memset(p, 0, count * sizeof(float));

@@ -93,12 +93,22 @@ Block::Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, 
 }
 
 float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
+  return forward_mlp(store, arena, forward_attention(store, arena, x, s, max_logit), s);
+}
+
+float* Block::forward_attention(ParameterStore& store, Arena& arena, const float* x, const StepShape& s,
+                                float* max_logit) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  float* x1 = residual(attn_norms_, arena, x, n, hidden_, norm, [&](const float* in) {
+  return residual(attn_norms_, arena, x, n, hidden_, norm, [&](const float* in) {
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
+}
+
+float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s) {
+  const int64_t n = s.tokens();
+  auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
   return residual(mlp_norms_, arena, x1, n, hidden_, norm, [&](const float* in) {
     return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
   });
@@ -120,42 +130,54 @@ KvCache Block::make_cache(int64_t max_rows) const {
   return attention_ ? attention_->make_cache(max_rows) : mla_->make_cache(max_rows);
 }
 
-float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
+float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
+                                bool attention) {
   const int64_t n = s.tokens();
   const size_t size = static_cast<size_t>(n * hidden_);
   // Reverses Sublayer: out = wrap(x + after(f(before(x)))).
-  auto run = [&](Sublayer& sub, const float* d_out, auto&& f_backward) -> float* {
-    const float* ds = d_out;
-    if (sub.wrap) {
-      float* t = arena.alloc_zeroed(size);
-      sub.wrap->backward(store, d_out, t, n);
-      ds = t;
-    }
-    float* dx = arena.alloc(size);
-    std::memcpy(dx, ds, size * sizeof(float));  // the residual path
-    const float* dy = ds;
-    if (sub.after) {
-      float* t = arena.alloc_zeroed(size);
-      sub.after->backward(store, ds, t, n);
-      dy = t;
-    }
-    if (sub.before) {
-      float* d_in = arena.alloc_zeroed(size);
-      f_backward(dy, d_in);
-      sub.before->backward(store, d_in, dx, n);
+  auto f_backward = [&](const float* dy, float* dx) {
+    if (attention) {
+      if (attention_) attention_->backward(store, arena, dy, dx, s);
+      else mla_->backward(store, arena, dy, dx, s);
     } else {
-      f_backward(dy, dx);
+      if (mlp_) mlp_->backward(store, arena, dy, dx, n);
+      else moe_->backward(store, arena, dy, dx, n);
     }
-    return dx;
   };
-  float* dx1 = run(mlp_norms_, dout, [&](const float* dy, float* dx) {
-    if (mlp_) mlp_->backward(store, arena, dy, dx, n);
-    else moe_->backward(store, arena, dy, dx, n);
-  });
-  return run(attn_norms_, dx1, [&](const float* dy, float* dx) {
-    if (attention_) attention_->backward(store, arena, dy, dx, s);
-    else mla_->backward(store, arena, dy, dx, s);
-  });
+  const float* ds = d_out;
+  if (sub.wrap) {
+    float* t = arena.alloc_zeroed(size);
+    sub.wrap->backward(store, d_out, t, n);
+    ds = t;
+  }
+  float* dx = arena.alloc(size);
+  std::memcpy(dx, ds, size * sizeof(float));  // the residual path
+  const float* dy = ds;
+  if (sub.after) {
+    float* t = arena.alloc_zeroed(size);
+    sub.after->backward(store, ds, t, n);
+    dy = t;
+  }
+  if (sub.before) {
+    float* d_in = arena.alloc_zeroed(size);
+    f_backward(dy, d_in);
+    sub.before->backward(store, d_in, dx, n);
+  } else {
+    f_backward(dy, dx);
+  }
+  return dx;
+}
+
+float* Block::backward_mlp(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
+  return backward_sublayer(mlp_norms_, store, arena, dout, s, false);
+}
+
+float* Block::backward_attention(ParameterStore& store, Arena& arena, const float* dx1, const StepShape& s) {
+  return backward_sublayer(attn_norms_, store, arena, dx1, s, true);
+}
+
+float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
+  return backward_attention(store, arena, backward_mlp(store, arena, dout, s), s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -255,7 +277,67 @@ void TransformerModel::embed(const int32_t* tokens, const StepShape& s, float* x
   }
 }
 
-float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s) {
+std::optional<Recompute> parse_recompute(std::string_view name) {
+  if (name == "none") return Recompute::None;
+  if (name == "attention") return Recompute::Attention;
+  if (name == "blocks") return Recompute::Blocks;
+  return std::nullopt;
+}
+
+std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Attention: return "attention";
+    case Recompute::Blocks: return "blocks";
+  }
+  return "none";
+}
+
+float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, bool for_backward) {
+  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  Block& block = *blocks_[l];
+  if (!for_backward || recompute_ == Recompute::None) return block.forward(store_, arena_, x, s, max_logit);
+  // Keep the block's input (already in the arena) and the part's output in a buffer allocated
+  // before the mark; everything the part allocated after it is given back.
+  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  block_inputs_[l] = x;
+  float* kept = arena_.alloc(size);
+  const Arena::Mark mark = arena_.mark();
+  const float* out = recompute_ == Recompute::Blocks ? block.forward(store_, arena_, x, s, max_logit)
+                                                      : block.forward_attention(store_, arena_, x, s, max_logit);
+  std::memcpy(kept, out, size * sizeof(float));
+  arena_.release(mark);
+  return recompute_ == Recompute::Blocks ? kept : block.forward_mlp(store_, arena_, kept, s);
+}
+
+float* TransformerModel::backward_block(size_t l, float* dout, const StepShape& s) {
+  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  Block& block = *blocks_[l];
+  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  // The backward's own temporaries are given back after each block in every mode: only dx
+  // travels on to the block below.
+  float* kept = arena_.alloc(size);
+  const Arena::Mark mark = arena_.mark();
+  const float* dx = nullptr;
+  switch (recompute_) {
+    case Recompute::None: dx = block.backward(store_, arena_, dout, s); break;
+    case Recompute::Blocks:
+      block.forward(store_, arena_, block_inputs_[l], s, max_logit);  // the same values again
+      dx = block.backward(store_, arena_, dout, s);
+      break;
+    case Recompute::Attention: {
+      const float* dx1 = block.backward_mlp(store_, arena_, dout, s);
+      block.forward_attention(store_, arena_, block_inputs_[l], s, max_logit);
+      dx = block.backward_attention(store_, arena_, dx1, s);
+      break;
+    }
+  }
+  std::memcpy(kept, dx, size * sizeof(float));
+  arena_.release(mark);
+  return kept;
+}
+
+float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s, bool for_backward) {
   KEEL_CHECK(s.seq <= spec_.max_position_embeddings);
   arena_.reset();
   tokens_ = tokens;
@@ -263,9 +345,9 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   float* x = arena_.alloc(static_cast<size_t>(n * h));
   embed(tokens, s, x);
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
-  const int64_t heads = spec_.attention.num_heads;
+  block_inputs_.assign(blocks_.size(), nullptr);
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    x = blocks_[l]->forward(store_, arena_, x, s, max_logits_.data() + l * heads);
+    x = forward_block(l, x, s, for_backward);
     const double sum = fixed_order_sum<1>(n * h, [x](int64_t i0, int64_t i1) {
       double s = 0;
       for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
@@ -287,7 +369,7 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
   kernels::PrecisionScope precision(precision_);
   const int64_t n = s.tokens(), h = spec_.hidden_size;
   const size_t size = static_cast<size_t>(n * h);
-  float* hf = forward_hidden(tokens, s);
+  float* hf = forward_hidden(tokens, s, /*for_backward=*/true);
   for (auto& b : blocks_) {
     if (Moe* m = b->moe()) m->accumulate_counts();  // training routing steers the bias update
   }
@@ -302,7 +384,7 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
     final_norm_->backward(store_, dhf, dx, n);
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
-    dx = blocks_[l]->backward(store_, arena_, dx, s);
+    dx = backward_block(l, dx, s);
     if (block_backward_hook_) block_backward_hook_(static_cast<int64_t>(l));
   }
   kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h, static_cast<float>(spec_.embed_scale));

@@ -6,8 +6,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
+#include "keel/nn/recompute.hpp"
 #include "keel/arch/model_spec.hpp"
 #include "keel/core/arena.hpp"
 #include "keel/kernels/precision.hpp"
@@ -33,6 +35,12 @@ class Block {
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   // dout: (n, hidden) -> returns dx (n, hidden) from the arena.
   float* backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
+  // The two residual sublayers apart, for activation recomputation: forward = forward_mlp after
+  // forward_attention, backward = backward_attention after backward_mlp.
+  float* forward_attention(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
+  float* forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s);
+  float* backward_mlp(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
+  float* backward_attention(ParameterStore& store, Arena& arena, const float* dx1, const StepShape& s);
   // The same sublayers for n new tokens of one sequence, attending over (and appending to) cache.
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                              KvCache& cache) const;
@@ -42,6 +50,9 @@ class Block {
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
 
  private:
+  float* backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
+                           bool attention);
+
   int64_t hidden_;
   Sublayer attn_norms_, mlp_norms_;
   // Exactly one attention: MHA/GQA/MQA, or MLA (DeepSeek-V3 / Kimi K2).
@@ -73,6 +84,8 @@ class TransformerModel {
   // docs/precision.md.
   void set_precision(kernels::Precision p) { precision_ = p; }
   kernels::Precision precision() const { return precision_; }
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
   void initialize(uint64_t seed);
@@ -120,7 +133,11 @@ class TransformerModel {
  private:
   std::function<void(int64_t)> block_backward_hook_;
   // Embeddings and blocks; returns the final hidden states (after the final norm, if any).
-  float* forward_hidden(const int32_t* tokens, const StepShape& s);
+  float* forward_hidden(const int32_t* tokens, const StepShape& s, bool for_backward = false);
+  // Block l's forward under recompute_, keeping what the backward needs; returns its output.
+  float* forward_block(size_t l, float* x, const StepShape& s, bool for_backward);
+  // Block l's backward (recomputing first what forward_block dropped); returns dx.
+  float* backward_block(size_t l, float* dout, const StepShape& s);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
@@ -139,6 +156,8 @@ class TransformerModel {
   const int32_t* tokens_ = nullptr;
   float* last_block_out_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::Fp32;
+  Recompute recompute_ = Recompute::None;
+  std::vector<float*> block_inputs_;  // of the last training forward, for recomputation
 };
 
 }  // namespace keel::nn

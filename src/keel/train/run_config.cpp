@@ -53,7 +53,7 @@ void check_sections(const toml::table& root, const std::string& source) {
 // Each read_*_section reads its keys in a fixed order (finish() lists known keys in that order)
 // and ends with finish(), so an unknown key is named before the next section is read.
 
-// [run]: length, output folder, seed, logging and precision.
+// [run]: length, output folder, seed, logging, precision and activation recomputation.
 void read_run_section(TomlSection run, RunConfig& c) {
   c.steps = run.integer_or("steps", c.steps);
   c.out = run.string_or("out", c.out);
@@ -63,6 +63,12 @@ void read_run_section(TomlSection run, RunConfig& c) {
   const auto parsed_precision = kernels::parse_precision(precision);
   if (!parsed_precision) run.fail("precision", "unknown precision '" + precision + "'; supported: fp32, bf16");
   c.precision = *parsed_precision;
+  const std::string recompute = run.string_or("recompute", "none");
+  const auto parsed_recompute = nn::parse_recompute(recompute);
+  if (!parsed_recompute) {
+    run.fail("recompute", "unknown recompute '" + recompute + "'; supported: none, attention, blocks");
+  }
+  c.recompute = *parsed_recompute;
   run.finish();
 }
 
@@ -284,7 +290,8 @@ std::string to_toml(const RunConfig& c) {
   toml::table root;
   root.insert("run", toml::table{{"steps", c.steps}, {"out", c.out}, {"seed", static_cast<int64_t>(c.seed)},
                                   {"log_every", c.log_every},
-                                  {"precision", std::string(kernels::precision_name(c.precision))}});
+                                  {"precision", std::string(kernels::precision_name(c.precision))},
+                                  {"recompute", std::string(nn::recompute_name(c.recompute))}});
   toml::array sets;
   for (const auto& s : c.model_set) sets.push_back(s);
   toml::table model{{"config", c.model_config}, {"set", sets}};

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/kernels/precision.hpp"
+#include "keel/nn/recompute.hpp"
 #include "keel/train/schedule.hpp"
 #include "keel/train/spike_guard.hpp"
 
@@ -19,6 +20,8 @@ struct RunConfig {
   int64_t log_every = 10;
   // Matmul precision: fp32, or bf16 mixed precision with fp32 master weights (docs/precision.md)
   kernels::Precision precision = kernels::Precision::Fp32;
+  // Activation recomputation: none, attention or blocks (docs/performance.md); same gradients.
+  nn::Recompute recompute = nn::Recompute::None;
   // [model]
   std::string model_config;               // HF config.json (may carry a "keel" object); default: init_from's
   // A Hugging Face model folder (config.json, model.safetensors or shards, any float dtype) whose

@@ -51,6 +51,7 @@ arch::ModelSpec run_spec(const RunConfig& c, const std::string& run_dir, const j
 std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, const RunConfig& c, bool resuming) {
   auto model = std::make_unique<nn::TransformerModel>(spec);
   model->set_precision(c.precision);  // bf16: mixed precision over fp32 master weights
+  model->set_recompute(c.recompute);
   const dist::Communicator* comm = dist::current();
   if (c.precision == kernels::Precision::Bf16 && (comm == nullptr || comm->is_root())) {
     const std::string note = kernels::bf16_emulation_note();

@@ -1,0 +1,17 @@
+#pragma once
+#include <optional>
+#include <string_view>
+
+namespace keel::nn {
+
+// Activation recomputation (run.recompute): what forward_backward keeps from the forward for
+// the backward. None keeps every activation; Attention keeps each block's input and the MLP's
+// activations and recomputes the attention sublayer (norm, projections, RoPE, attention, output
+// projection) during the backward; Blocks keeps only each block's input and recomputes the
+// whole block (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
+// recomputation is the same computation, so gradients are bit-identical in all three.
+enum class Recompute { None, Attention, Blocks };
+std::optional<Recompute> parse_recompute(std::string_view name);
+std::string_view recompute_name(Recompute r);
+
+}  // namespace keel::nn
