@@ -34,6 +34,8 @@ CASES = {
     "small": ("bench/configs/qwen3_small.json", 8, 256, "adamw"),
     "gpt2": ("bench/configs/gpt2_small.json", 8, 256, "adamw"),
     "large": ("bench/configs/qwen3_large.json", 4, 512, "adamw"),
+    # The real GPT-2 124M (12 layers, 768 wide, vocab 50,257) at its full context.
+    "gpt2_124m": ("configs/hf/gpt2.json", 4, 1024, "adamw"),
     "muon": ("bench/configs/qwen3_small.json", 8, 256, "muon"),
     "muon_large": ("bench/configs/qwen3_large.json", 4, 512, "muon"),
     # Mixtral-style MoE (8 experts, top-2; PyTorch gathers each expert's tokens as HF does) and
