@@ -185,7 +185,10 @@ TEST_P(PytorchReference, ThreeAdamWSteps) {
     size_t worst_i = 0, ill_conditioned = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       const double diff = std::fabs(static_cast<double>(got[i]) - want[i]);
-      if (std::fabs(grad[i]) < 1e-3 * gmax) {
+      // gmax == 0: no token reached this expert at step 0, so steps 1 and 2 are AdamW's first on
+      // it, where every element moves by about ±lr whatever its gradient's size: all of them
+      // are held to the optimizer's bound.
+      if (std::fabs(grad[i]) < 1e-3 * gmax || gmax == 0) {
         ++ill_conditioned;
         EXPECT_LE(diff, 3.5 * lr) << "step3." << p.name << "[" << i << "]";
         continue;
@@ -196,7 +199,8 @@ TEST_P(PytorchReference, ThreeAdamWSteps) {
       }
     }
     EXPECT_LE(worst, kTolerance) << "step3." << p.name << ": worst element " << worst_i << " keel " << got[worst_i]
-                                 << " ref " << want[worst_i] << " (" << ill_conditioned << " of " << want.size()
+                                 << " ref " << want[worst_i] << " step-0 gradient " << grad[worst_i] << " of max "
+                                 << gmax << " (" << ill_conditioned << " of " << want.size()
                                  << " elements with gradients below 1e-3 of the tensor's max held to 3.5·lr)";
   }
 }

@@ -133,5 +133,13 @@ TEST(RunConfig, RecomputeDefaultsToNoneAndRoundTrips) {
   EXPECT_EQ(parse_run_config(kBase, "run.toml", {"run.recompute=\"attention\""}).recompute, nn::Recompute::Attention);
 }
 
+TEST(RunConfig, Bf16ActivationsDefaultToPackedAndRoundTrip) {
+  EXPECT_EQ(parse_run_config(kBase, "run.toml").bf16_activations, "packed");
+  RunConfig a = parse_run_config(kBase, "run.toml", {"run.bf16_activations=\"fp32\""});
+  EXPECT_EQ(a.bf16_activations, "fp32");
+  EXPECT_EQ(parse_run_config(to_toml(a), "again.toml").bf16_activations, "fp32");
+  EXPECT_EQ(error_field(kBase, {"run.bf16_activations=\"fp16\""}), "run.bf16_activations");
+}
+
 }  // namespace
 }  // namespace keel::train

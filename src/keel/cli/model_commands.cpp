@@ -289,7 +289,7 @@ void register_train(CLI::App& app) {
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW or Muon) on random tokens");
   struct Options {
-    std::string config, optimizer = "adamw", precision = "fp32", recompute = "none";
+    std::string config, optimizer = "adamw", precision = "fp32", recompute = "none", bf16_activations = "packed";
     std::vector<std::string> sets;
     int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
     bool json = false;
@@ -306,6 +306,10 @@ void register_bench(CLI::App& app) {
   add_precision_option(cmd, o->precision);
   cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
       ->check(CLI::IsMember({"none", "attention", "blocks"}));
+  cmd->add_option("--bf16-activations", o->bf16_activations,
+                  "with --precision bf16: packed (saved activations held as bf16, the default) or fp32 "
+                  "(the same values in fp32 slots; run.bf16_activations)")
+      ->check(CLI::IsMember({"packed", "fp32"}));
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->callback([o] {
     arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
@@ -315,6 +319,7 @@ void register_bench(CLI::App& app) {
     nn::TransformerModel model(spec);
     model.set_precision(*kernels::parse_precision(o->precision));
     model.set_recompute(*nn::parse_recompute(o->recompute));
+    model.set_pack_bf16_activations(o->bf16_activations == "packed");
     if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
       std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
     }
@@ -378,6 +383,11 @@ void register_bench(CLI::App& app) {
       out["stages_ms"] = per_stage;
       out["threads"] = teams;
       out["recompute"] = o->recompute;
+      if (o->precision == "bf16") out["bf16_activations"] = o->bf16_activations;
+      // bf16 activation storage: the blocks' compacted stretches of the arena at the end of the
+      // forward, and what their bf16 tensors alone would take in fp32 (0 and 0 without packing).
+      out["packed_activation_mb"] = static_cast<double>(model.packed_activation_compacted_bytes()) / (1024.0 * 1024.0);
+      out["packed_bf16_tensors_fp32_mb"] = static_cast<double>(model.packed_activation_fp32_bytes()) / (1024.0 * 1024.0);
       out["activation_mb"] = static_cast<double>(model.activation_capacity_bytes()) / (1024.0 * 1024.0);  // per timed step; KEEL_THREADS=fixed pins it
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;

@@ -1,7 +1,8 @@
 #pragma once
 // Memory by role. A FloatBuffer is one aligned allocation (parameters, gradients, optimizer
 // state each get one). An Arena hands out views for activations during a step: the first step
-// grows it, reset() folds what was used into a single block, later steps reuse that block.
+// grows it, reset() folds what was used into a single block, later steps reuse that block (or it
+// is one reserved stretch of address space from the start: reserve_address_space).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -48,17 +49,23 @@ class Arena {
   // Uninitialized floats valid until the next reset().
   float* alloc(size_t count) {
     size_t padded = (count + kAlignment / sizeof(float) - 1) / (kAlignment / sizeof(float)) * (kAlignment / sizeof(float));
-    if (blocks_.empty() || used_ + padded > blocks_.back().size()) {
-      size_t want = std::max(padded, blocks_.empty() ? size_t{1} << 16 : blocks_.back().size());
-      blocks_.emplace_back(want);
+    if (blocks_.empty() || used_ + padded > blocks_.back().size) {
+      size_t want = std::max(padded, blocks_.empty() ? size_t{1} << 16 : blocks_.back().size);
+      blocks_.push_back(allocate_block(want));
       used_ = 0;
     }
-    float* p = blocks_.back().data() + used_;
+    float* p = blocks_.back().data.get() + used_;
     used_ += padded;
     total_used_ += padded;
     high_water_ = std::max(high_water_, total_used_);
     return p;
   }
+  // Makes the arena one block of `bytes` of address space whose pages become resident only when
+  // first touched (Linux mmap with MAP_NORESERVE): it never grows by adding blocks, so whatever
+  // is allocated between a mark and the top is one run of memory from the first step on, and the
+  // memory it holds is what a step touches. Returns false (and changes nothing) where the
+  // address space cannot be had; the arena then grows block by block as before.
+  bool reserve_address_space(size_t bytes);
   // A point to return to: release(mark) gives back everything allocated since, so a block's
   // activations can be dropped once its output is copied out (activation recomputation).
   struct Mark {
@@ -70,6 +77,21 @@ class Arena {
     used_ = m.used;
     total_used_ = m.total_used;
   }
+  // The next float alloc() would hand out if it fits in the current block.
+  float* top() { return blocks_.empty() ? nullptr : blocks_.back().data.get() + used_; }
+  // Whether everything allocated since m lies in one run from m's position (no block was added).
+  bool contiguous_since(const Mark& m) const { return blocks_.size() == m.blocks; }
+  // Moves the position of the current block forward to p if p lies beyond it in that block, so
+  // nothing allocated next lands below p (a reserve for packed activations to unpack into).
+  void advance_to(const float* p) {
+    if (blocks_.empty()) return;
+    const float* base = blocks_.back().data.get();
+    if (p < base + used_ || p > base + blocks_.back().size) return;
+    const size_t to = static_cast<size_t>(p - base);
+    total_used_ += to - used_;
+    used_ = to;
+    high_water_ = std::max(high_water_, total_used_);
+  }
   float* alloc_zeroed(size_t count) {
     float* p = alloc(count);
     std::memset(p, 0, count * sizeof(float));
@@ -79,19 +101,35 @@ class Arena {
   void reset() {
     if (blocks_.size() > 1) {
       blocks_.clear();
-      blocks_.emplace_back(high_water_);
+      blocks_.push_back(allocate_block(high_water_));
     }
     used_ = 0;
     total_used_ = 0;
   }
+  // Floats in use at the most (a reserved arena's address space is not counted: only what was
+  // handed out, which is what its steps touch).
   size_t capacity_floats() const {
+    if (reserved_) return high_water_;
     size_t n = 0;
-    for (const auto& b : blocks_) n += b.size();
+    for (const auto& b : blocks_) n += b.size;
     return n;
   }
 
  private:
-  std::vector<FloatBuffer> blocks_;
+  struct Block {
+    std::shared_ptr<float> data;  // freed by the deleter that matches how it was obtained
+    size_t size = 0;              // floats
+  };
+  // Untouched memory: a large block costs nothing until its pages are written.
+  static Block allocate_block(size_t floats) {
+    const size_t bytes = std::max(kAlignment, (floats * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment);
+    float* p = static_cast<float*>(std::aligned_alloc(kAlignment, bytes));
+    if (p == nullptr) throw std::bad_alloc();
+    return {std::shared_ptr<float>(p, FreeDeleter{}), floats};
+  }
+
+  std::vector<Block> blocks_;
+  bool reserved_ = false;
   size_t used_ = 0;
   size_t total_used_ = 0;
   size_t high_water_ = 0;

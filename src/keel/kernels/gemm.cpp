@@ -185,8 +185,9 @@ void force_portable_bf16_gemm(bool portable) { force_portable.store(portable); }
 std::string bf16_emulation_note() {
   if (bf16_gemm_path() == Bf16GemmPath::Native) return "";
   return std::string(bf16_gemm_native_available() ? "KEEL_BF16_GEMM=portable" : "this CPU has no AVX512-BF16") +
-         ": bf16 is emulated (operands rounded to bf16, then fp32 GEMMs), which gives bf16's numerics but no speed "
-         "(about 0.95x fp32 tokens/s) and no memory saving; use precision = \"fp32\" for speed (docs/precision.md)";
+         ": bf16 matmuls are emulated (operands rounded to bf16, then fp32 GEMMs), which gives bf16's numerics and "
+         "its activation memory (saved activations packed as bf16) but no speed (about 0.95x fp32 tokens/s); use "
+         "precision = \"fp32\" for speed (docs/precision.md)";
 }
 
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation

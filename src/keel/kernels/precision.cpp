@@ -1,11 +1,22 @@
 #include "keel/kernels/precision.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 #include "keel/core/bf16.hpp"
 
 namespace keel::kernels {
 
 namespace {
 thread_local Precision current = Precision::Fp32;
+thread_local std::vector<FloatSpan>* capture = nullptr;
+
+// Overlapping conversion goes through a small buffer one chunk at a time, so the loops that
+// convert never read what they write (they vectorize) and the chunk order keeps every value read
+// before its bytes are overwritten: packing runs front to back (with dst <= src, chunk k lands
+// below where chunk k + 1 is read), unpacking back to front (with dst >= src, chunk k lands above
+// where chunk k - 1 is read).
+constexpr int64_t kChunk = 4096;
 }  // namespace
 
 std::string_view precision_name(Precision p) {
@@ -34,7 +45,34 @@ void round_to_bf16(float* x, int64_t n) {
 }
 
 void round_activation(float* x, int64_t n) {
-  if (current == Precision::Bf16) round_to_bf16(x, n);
+  if (current != Precision::Bf16) return;
+  round_to_bf16(x, n);
+  if (capture != nullptr && n > 0) capture->push_back({x, n});
+}
+
+Bf16Capture::Bf16Capture(std::vector<FloatSpan>* out) : previous_(capture) { capture = out; }
+Bf16Capture::~Bf16Capture() { capture = previous_; }
+
+void pack_bf16(const float* src, uint16_t* dst, int64_t n) {
+  uint16_t buf[kChunk];
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - c0);
+    const float* in = src + c0;
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) buf[i] = float_to_bf16(in[i]);
+    std::memcpy(dst + c0, buf, static_cast<size_t>(m) * sizeof(uint16_t));
+  }
+}
+
+void unpack_bf16(const uint16_t* src, float* dst, int64_t n) {
+  uint16_t buf[kChunk];
+  for (int64_t end = n; end > 0; end -= kChunk) {
+    const int64_t c0 = std::max<int64_t>(0, end - kChunk), m = end - c0;
+    std::memcpy(buf, src + c0, static_cast<size_t>(m) * sizeof(uint16_t));
+    float* out = dst + c0;
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) out[i] = bf16_to_float(buf[i]);
+  }
 }
 
 }  // namespace keel::kernels

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace keel::kernels {
 
@@ -35,7 +36,36 @@ class PrecisionScope {
 // x: (n), rounded in place to the nearest bf16 value (ties to even) and kept as fp32: how keel
 // stores a bf16 activation (emulated storage, docs/precision.md).
 void round_to_bf16(float* x, int64_t n);
-// round_to_bf16 when the calling thread's precision is bf16; nothing in fp32.
+// round_to_bf16 when the calling thread's precision is bf16; nothing in fp32. Under a
+// Bf16Capture of the calling thread it also records x: its values are exact bf16 from here on.
 void round_activation(float* x, int64_t n);
+
+// A run of floats.
+struct FloatSpan {
+  float* data;
+  int64_t count;
+};
+
+// While alive, every round_activation of the calling thread in bf16 appends its span to *out:
+// the tensors a block stored as bf16 values, which bf16 activation storage then holds packed
+// (nn/packed_activations.hpp). Scopes nest; the innermost one records.
+class Bf16Capture {
+ public:
+  explicit Bf16Capture(std::vector<FloatSpan>* out);
+  ~Bf16Capture();
+  Bf16Capture(const Bf16Capture&) = delete;
+  Bf16Capture& operator=(const Bf16Capture&) = delete;
+
+ private:
+  std::vector<FloatSpan>* previous_;
+};
+
+// src: (n) floats -> dst: (n) bf16 values (rounded to nearest even; exact for values that
+// round_to_bf16 produced). dst may overlap src if it starts at or below it (packing in place or
+// towards the front of a buffer).
+void pack_bf16(const float* src, uint16_t* dst, int64_t n);
+// src: (n) bf16 values -> dst: (n) floats. dst may overlap src if it starts at or above it (the
+// inverse move).
+void unpack_bf16(const uint16_t* src, float* dst, int64_t n);
 
 }  // namespace keel::kernels

@@ -63,9 +63,18 @@ void add_into(float* dst, const float* a, const float* b, int64_t n) {
 
 // One residual sublayer, out = wrap(x + after(f(before(x)))), for the training forward and the
 // incremental one alike: `norm` runs a Norm (saving for backward or not), `f` the module.
+// matmul_input: f reads its input only as a matmul operand (attention's and a dense MLP's
+// projections, not a router), so under bf16 the normed input is stored rounded, the value every
+// one of its uses takes anyway (and a bf16 activation that packing can hold in 2 bytes).
 template <class Sub, class NormFn, class F>
-float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidden, NormFn&& norm, F&& f) {
-  const float* f_in = sub.before ? norm(*sub.before, in) : in;
+float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm,
+                F&& f) {
+  const float* f_in = in;
+  if (sub.before) {
+    float* normed = norm(*sub.before, in);
+    if (matmul_input) kernels::round_activation(normed, n * hidden);
+    f_in = normed;
+  }
   float* y = f(f_in);
   if (sub.after) y = norm(*sub.after, y);
   float* sum = arena.alloc(static_cast<size_t>(n * hidden));
@@ -100,7 +109,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
                                 float* max_logit) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(attn_norms_, arena, x, n, hidden_, norm, [&](const float* in) {
+  return residual(attn_norms_, arena, x, n, hidden_, true, norm, [&](const float* in) {
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
@@ -109,7 +118,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
 float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(mlp_norms_, arena, x1, n, hidden_, norm, [&](const float* in) {
+  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
     return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
   });
 }
@@ -117,11 +126,11 @@ float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, 
 float* Block::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                                   KvCache& cache) const {
   auto norm = [&](const Norm& nm, const float* in) { return nm.forward_incremental(store, arena, in, n); };
-  float* x1 = residual(attn_norms_, arena, x, n, hidden_, norm, [&](const float* in) {
+  float* x1 = residual(attn_norms_, arena, x, n, hidden_, true, norm, [&](const float* in) {
     return attention_ ? attention_->forward_incremental(store, arena, in, n, cache)
                       : mla_->forward_incremental(store, arena, in, n, cache);
   });
-  return residual(mlp_norms_, arena, x1, n, hidden_, norm, [&](const float* in) {
+  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
     return mlp_ ? mlp_->forward_incremental(store, arena, in, n) : moe_->forward_incremental(store, arena, in, n);
   });
 }
@@ -208,6 +217,11 @@ void check_trainable(const arch::ModelSpec& spec) {
 TransformerModel::TransformerModel(const arch::ModelSpec& spec) : spec_(spec) {
   const arch::FamilyRow& row = arch::family_row(spec);
   check_trainable(spec);
+  // One stretch of address space for the activations (pages resident only once touched), so a
+  // block's activations are one run of memory from the first step on: bf16 packing compacts
+  // them in place (packed_activations.hpp). 512 GiB of addresses, far above any CPU run's need;
+  // where it cannot be had the arena grows block by block and the first step packs less.
+  arena_.reserve_address_space(size_t{512} << 30);
   const arch::TensorNameTable& names = *row.names;
   const int64_t h = spec.hidden_size;
   embed_ = store_.add(names, {TensorKind::Embedding}, {spec.vocab_size, h});
@@ -296,10 +310,27 @@ std::string_view recompute_name(Recompute r) {
 float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, bool for_backward) {
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
-  if (!for_backward || recompute_ == Recompute::None) return block.forward(store_, arena_, x, s, max_logit);
+  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  // Runs part of the block with its activations packed as bf16 after (packed_activations.hpp):
+  // the output goes to a buffer allocated before the part's stretch of the arena.
+  auto packed = [&](auto&& part) -> float* {
+    float* kept = arena_.alloc(size);
+    const Arena::Mark mark = arena_.mark();
+    const float* out = nullptr;
+    {
+      kernels::Bf16Capture capture(packed_.capture(l));
+      out = part();
+    }
+    std::memcpy(kept, out, size * sizeof(float));
+    packed_.pack(l, arena_, mark);
+    return kept;
+  };
+  if (!for_backward || recompute_ == Recompute::None) {
+    auto whole = [&] { return block.forward(store_, arena_, x, s, max_logit); };
+    return packing_ && for_backward ? packed(whole) : whole();
+  }
   // Keep the block's input (already in the arena) and the part's output in a buffer allocated
   // before the mark; everything the part allocated after it is given back.
-  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
   block_inputs_[l] = x;
   float* kept = arena_.alloc(size);
   const Arena::Mark mark = arena_.mark();
@@ -307,7 +338,9 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
                                                       : block.forward_attention(store_, arena_, x, s, max_logit);
   std::memcpy(kept, out, size * sizeof(float));
   arena_.release(mark);
-  return recompute_ == Recompute::Blocks ? kept : block.forward_mlp(store_, arena_, kept, s);
+  if (recompute_ == Recompute::Blocks) return kept;
+  auto mlp = [&] { return block.forward_mlp(store_, arena_, kept, s); };
+  return packing_ ? packed(mlp) : mlp();
 }
 
 float* TransformerModel::backward_block(size_t l, float* dout, const StepShape& s) {
@@ -319,6 +352,7 @@ float* TransformerModel::backward_block(size_t l, float* dout, const StepShape& 
   float* kept = arena_.alloc(size);
   const Arena::Mark mark = arena_.mark();
   const float* dx = nullptr;
+  if (packing_) packed_.unpack(l);  // nothing was packed under Recompute::Blocks
   switch (recompute_) {
     case Recompute::None: dx = block.backward(store_, arena_, dout, s); break;
     case Recompute::Blocks:
@@ -346,6 +380,8 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   embed(tokens, s, x);
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
   block_inputs_.assign(blocks_.size(), nullptr);
+  packing_ = for_backward && pack_bf16_activations_ && precision_ == kernels::Precision::Bf16;
+  if (packing_) packed_.start(blocks_.size());
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = forward_block(l, x, s, for_backward);
     const double sum = fixed_order_sum<1>(n * h, [x](int64_t i0, int64_t i1) {
@@ -359,6 +395,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
       router_entropy_[l] = static_cast<float>(m->entropy());
     }
   }
+  if (packing_) packed_.reserve(arena_);  // the loss and the backward go above every stretch
   last_block_out_ = x;
   return final_norm_ ? final_norm_->forward(store_, arena_, x, n) : x;
 }

@@ -18,6 +18,7 @@
 #include "keel/nn/modules.hpp"
 #include "keel/nn/kv_cache.hpp"
 #include "keel/nn/moe.hpp"
+#include "keel/nn/packed_activations.hpp"
 #include "keel/nn/parameters.hpp"
 
 namespace keel::nn {
@@ -86,6 +87,15 @@ class TransformerModel {
   kernels::Precision precision() const { return precision_; }
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
+  // bf16 activation storage (nn/packed_activations.hpp): under bf16 precision, what the blocks
+  // save for the backward is held packed as bf16 between forward and backward. On by default;
+  // off keeps those bf16 values in fp32 slots (the same numerics, twice the memory).
+  void set_pack_bf16_activations(bool on) { pack_bf16_activations_ = on; }
+  bool pack_bf16_activations() const { return pack_bf16_activations_; }
+  // Of the last training step: bytes the packed bf16 tensors would take in fp32, and the bytes
+  // of all blocks' compacted stretches (both 0 without packing).
+  size_t packed_activation_fp32_bytes() const { return packed_.packed_fp32_bytes(); }
+  size_t packed_activation_compacted_bytes() const { return packed_.compacted_bytes(); }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
   void initialize(uint64_t seed);
@@ -158,6 +168,9 @@ class TransformerModel {
   kernels::Precision precision_ = kernels::Precision::Fp32;
   Recompute recompute_ = Recompute::None;
   std::vector<float*> block_inputs_;  // of the last training forward, for recomputation
+  bool pack_bf16_activations_ = true;
+  bool packing_ = false;  // this training step packs (bf16 precision and the switch on)
+  PackedActivations packed_;
 };
 
 }  // namespace keel::nn

@@ -368,6 +368,9 @@ float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, i
   } else {
     kernels::activation_forward(up, h, n * width_, act_);
   }
+  // bf16: h is only ever a matmul operand (down_proj, and its weight gradient), which rounds it
+  // anyway; stored rounded, it is a bf16 activation (packed between forward and backward).
+  kernels::round_activation(h, n * width_);
   float* y = arena.alloc(static_cast<size_t>(n * hidden_));
   kernels::linear_forward(h, store.data(w_down_), opt(store, b_down_), y, n, width_, hidden_, conv1d_);
   return y;

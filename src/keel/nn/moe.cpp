@@ -126,6 +126,7 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
       const FusedExpert w = fused_expert(store, e);
       kernels::linear_forward(xg + r0 * C, w.gate_up, w.gate_up_bias, g + r0 * 2 * F, m, C, 2 * F, true);
       kernels::clamped_swiglu_forward(g + r0 * 2 * F, h + r0 * F, m, F, swiglu_);
+      kernels::round_activation(h + r0 * F, m * F);  // a matmul operand only (as in Mlp::compute)
       kernels::linear_forward(h + r0 * F, w.down, w.down_bias, ye + r0 * C, m, F, C, true);
       continue;
     }
@@ -133,6 +134,7 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
     kernels::linear_forward(xg + r0 * C, store.data(w.gate), nullptr, g + r0 * F, m, C, F);
     kernels::linear_forward(xg + r0 * C, store.data(w.up), nullptr, u + r0 * F, m, C, F);
     kernels::gated_forward(g + r0 * F, u + r0 * F, h + r0 * F, m * F, act_);
+    kernels::round_activation(h + r0 * F, m * F);
     kernels::linear_forward(h + r0 * F, store.data(w.down), nullptr, ye + r0 * C, m, F, C);
   }
 }

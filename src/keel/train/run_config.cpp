@@ -69,6 +69,10 @@ void read_run_section(TomlSection run, RunConfig& c) {
     run.fail("recompute", "unknown recompute '" + recompute + "'; supported: none, attention, blocks");
   }
   c.recompute = *parsed_recompute;
+  c.bf16_activations = run.string_or("bf16_activations", c.bf16_activations);
+  if (c.bf16_activations != "packed" && c.bf16_activations != "fp32") {
+    run.fail("bf16_activations", "unknown bf16_activations '" + c.bf16_activations + "'; supported: packed, fp32");
+  }
   run.finish();
 }
 
@@ -291,7 +295,8 @@ std::string to_toml(const RunConfig& c) {
   root.insert("run", toml::table{{"steps", c.steps}, {"out", c.out}, {"seed", static_cast<int64_t>(c.seed)},
                                   {"log_every", c.log_every},
                                   {"precision", std::string(kernels::precision_name(c.precision))},
-                                  {"recompute", std::string(nn::recompute_name(c.recompute))}});
+                                  {"recompute", std::string(nn::recompute_name(c.recompute))},
+                                  {"bf16_activations", c.bf16_activations}});
   toml::array sets;
   for (const auto& s : c.model_set) sets.push_back(s);
   toml::table model{{"config", c.model_config}, {"set", sets}};

@@ -1,0 +1,111 @@
+#include "keel/nn/packed_activations.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace keel::nn {
+
+namespace {
+
+// The recorded tensors that lie wholly inside [begin, end), sorted, overlapping or touching ones
+// merged (a module may round a tensor in slices, per expert say, or round the same one twice).
+std::vector<kernels::FloatSpan> inside(std::vector<kernels::FloatSpan> spans, const float* begin, const float* end) {
+  std::erase_if(spans, [&](const auto& s) { return s.data < begin || s.data + s.count > end; });
+  std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.data < b.data; });
+  std::vector<kernels::FloatSpan> out;
+  for (const auto& s : spans) {
+    if (!out.empty() && s.data <= out.back().data + out.back().count) {
+      float* stop = std::max(out.back().data + out.back().count, s.data + s.count);
+      out.back().count = stop - out.back().data;
+    } else {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+// One piece between its place in the forward's layout (`from`) and in the compacted one (`to`,
+// never above `from`). Where the two places overlap, one thread moves it in the order that reads
+// every value before overwriting it (pack_bf16, unpack_bf16, memmove); where they do not, which
+// is most of a stretch (the gap grows with every bf16 piece before), the threads split it.
+template <bool Pack, class P>
+void move_piece(char* base, const P& p) {
+  const size_t elem = p.bf16 ? sizeof(uint16_t) : sizeof(float);
+  const bool overlap = p.to + static_cast<size_t>(p.count) * elem > p.from;
+  auto run = [&](int64_t i0, int64_t i1) {
+    char* wide = base + p.from + static_cast<size_t>(i0) * sizeof(float);
+    char* narrow = base + p.to + static_cast<size_t>(i0) * elem;
+    const int64_t m = i1 - i0;
+    if (p.bf16 && Pack) kernels::pack_bf16(reinterpret_cast<const float*>(wide), reinterpret_cast<uint16_t*>(narrow), m);
+    if (p.bf16 && !Pack) kernels::unpack_bf16(reinterpret_cast<const uint16_t*>(narrow), reinterpret_cast<float*>(wide), m);
+    if (!p.bf16 && Pack) std::memmove(narrow, wide, static_cast<size_t>(m) * sizeof(float));
+    if (!p.bf16 && !Pack) std::memmove(wide, narrow, static_cast<size_t>(m) * sizeof(float));
+  };
+  constexpr int64_t kSlice = 1 << 16;
+  if (overlap || p.count < 2 * kSlice) {
+    run(0, p.count);
+    return;
+  }
+  const int64_t slices = (p.count + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < slices; ++k) run(k * kSlice, std::min(p.count, (k + 1) * kSlice));
+}
+
+}  // namespace
+
+void PackedActivations::start(size_t blocks) {
+  spans_.assign(blocks, {});
+  stretches_.assign(blocks, {});
+  reach_ = nullptr;
+  packed_fp32_bytes_ = compacted_bytes_ = 0;
+}
+
+std::vector<kernels::FloatSpan>* PackedActivations::capture(size_t block) { return &spans_[block]; }
+
+void PackedActivations::pack(size_t block, Arena& arena, const Arena::Mark& since) {
+  std::vector<kernels::FloatSpan> spans = std::move(spans_[block]);
+  spans_[block].clear();
+  float* end = arena.top();
+  if (!arena.contiguous_since(since)) return;
+  arena.release(since);
+  float* begin = arena.top();
+  Stretch st;
+  st.base = reinterpret_cast<char*>(begin);
+  st.bytes = static_cast<size_t>(end - begin) * sizeof(float);
+  // Pieces in address order: the recorded bf16 tensors and the fp32 gaps between them.
+  size_t to = 0;
+  const float* at = begin;
+  auto add = [&](const float* p, int64_t count, bool bf16) {
+    if (count <= 0) return;
+    st.pieces.push_back({static_cast<size_t>(reinterpret_cast<const char*>(p) - st.base), to, count, bf16});
+    to += static_cast<size_t>(count) * (bf16 ? sizeof(uint16_t) : sizeof(float));
+  };
+  for (const auto& s : inside(std::move(spans), begin, end)) {
+    add(at, s.data - at, false);
+    add(s.data, s.count, true);
+    packed_fp32_bytes_ += static_cast<size_t>(s.count) * sizeof(float);
+    at = s.data + s.count;
+  }
+  add(at, end - at, false);
+  // Front to back: each piece moves down (to <= from), never onto a piece not yet moved.
+  for (const Piece& p : st.pieces) move_piece<true>(st.base, p);
+  compacted_bytes_ += to;
+  // Stretches in an older arena block need no reserve: nothing is allocated there any more.
+  reach_ = reach_block_ == since.blocks ? std::max<const char*>(reach_, st.base + st.bytes) : st.base + st.bytes;
+  reach_block_ = since.blocks;
+  arena.alloc((to + sizeof(float) - 1) / sizeof(float));  // the compacted copy; the next block follows
+  stretches_[block] = std::move(st);
+}
+
+void PackedActivations::reserve(Arena& arena) const {
+  if (reach_ != nullptr) arena.advance_to(reinterpret_cast<const float*>(reach_));
+}
+
+void PackedActivations::unpack(size_t block) {
+  Stretch& st = stretches_[block];
+  // Back to front: each piece moves up (from >= to), never onto a piece not yet moved.
+  for (auto p = st.pieces.rbegin(); p != st.pieces.rend(); ++p) move_piece<false>(st.base, *p);
+  st = Stretch{};
+}
+
+}  // namespace keel::nn

@@ -1,0 +1,60 @@
+#pragma once
+// bf16 activation storage (run.precision = "bf16", run.bf16_activations = "packed"). Under bf16
+// mixed precision most of what a block saves for its backward is bf16 values already (every
+// round_activation: matmul outputs, q/k/v, the attention output, the FFN's hidden activation),
+// held in fp32 slots. After a block's forward its whole stretch of the activation arena is
+// compacted in place: the recorded bf16 tensors to 2 bytes a value, everything else (residual
+// stream, norm statistics, log-sum-exps, router state) copied as it is, and the next block is
+// laid out right after the compacted copy. Before the block's backward the stretch is expanded
+// back to where it was, so every pointer the modules hold is valid again; what it overwrites
+// then (later blocks' copies) is dead by that time. Memory: the blocks' compacted copies plus
+// one block expanded, instead of every block in fp32. Nothing is rounded that was not already
+// rounded: gradients are bit-identical to keeping the values in fp32 slots (tested).
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "keel/core/arena.hpp"
+#include "keel/kernels/precision.hpp"
+
+namespace keel::nn {
+
+class PackedActivations {
+ public:
+  // A fresh training forward over `blocks` blocks.
+  void start(size_t blocks);
+  // Where block b's forward records the tensors it rounds (a kernels::Bf16Capture target).
+  std::vector<kernels::FloatSpan>* capture(size_t block);
+  // After block b's forward, which allocated everything since `since` in `arena`: compacts that
+  // stretch in place and leaves the arena just past the compacted copy. A stretch that is not
+  // one run of memory (the arena grew a block during the first step) stays as it is.
+  void pack(size_t block, Arena& arena, const Arena::Mark& since);
+  // After the last block's forward: moves the arena past the furthest point any block will
+  // expand to, so what is allocated from here on (the loss, the backward) is never overwritten.
+  void reserve(Arena& arena) const;
+  // Before block b's backward: its stretch as the forward left it.
+  void unpack(size_t block);
+  // Of the last training step: bytes the packed bf16 tensors would take in fp32, and the bytes
+  // of all blocks' compacted copies (bf16 tensors at 2 bytes, the rest at 4).
+  size_t packed_fp32_bytes() const { return packed_fp32_bytes_; }
+  size_t compacted_bytes() const { return compacted_bytes_; }
+
+ private:
+  struct Piece {
+    size_t from, to;  // byte offsets in the stretch before and after compaction
+    int64_t count;    // floats
+    bool bf16;
+  };
+  struct Stretch {
+    char* base = nullptr;
+    size_t bytes = 0;
+    std::vector<Piece> pieces;
+  };
+  std::vector<std::vector<kernels::FloatSpan>> spans_;
+  std::vector<Stretch> stretches_;
+  const char* reach_ = nullptr;  // the furthest end of a packed stretch in the arena's newest block
+  size_t reach_block_ = 0;       // the arena's block count when reach_ was set
+  size_t packed_fp32_bytes_ = 0, compacted_bytes_ = 0;
+};
+
+}  // namespace keel::nn

@@ -1,0 +1,168 @@
+// bf16 activation storage: packing is exact for bf16 values, lossless for training (gradients
+// and recorded stats bit-identical to keeping the same bf16 values in fp32 slots, for every kind
+// of block and with attention recomputation), and the arena holds fewer bytes for it.
+#include "keel/nn/model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "keel/arch/config_file.hpp"
+#include "keel/core/bf16.hpp"
+#include "keel/core/rng.hpp"
+#include "keel/kernels/precision.hpp"
+
+namespace keel::nn {
+namespace {
+
+std::vector<float> random_values(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = static_cast<double>(uniform_int_at(seed, 0, static_cast<uint64_t>(i), 1u << 30)) / (1 << 30);
+    v[static_cast<size_t>(i)] = static_cast<float>(std::ldexp(u - 0.5, static_cast<int>(i % 40) - 20));
+  }
+  return v;
+}
+
+TEST(PackBf16, RoundTripsBf16ValuesExactlyInPlaceAndShifted) {
+  // Lengths around the conversion chunk (4,096) and odd ones, packed onto themselves and onto a
+  // place a few values lower (as compaction moves a tensor down), then unpacked back up: the
+  // overlapping moves must never overwrite a value before it is read.
+  for (int64_t n : {0, 1, 7, 4095, 4096, 4097, 3 * 4096 + 5}) {
+    for (int64_t shift : {0, 1, 3, 5000}) {
+      SCOPED_TRACE(std::to_string(n) + " values, shift " + std::to_string(shift));
+      std::vector<float> buf(static_cast<size_t>(n + shift) + 1);
+      float* x = buf.data() + shift;
+      const std::vector<float> v = random_values(n, 3);
+      std::copy(v.begin(), v.end(), x);
+      kernels::round_to_bf16(x, n);
+      const std::vector<float> want(x, x + n);
+      auto* packed = reinterpret_cast<uint16_t*>(buf.data()) + shift;  // shift x 2 bytes below x
+      kernels::pack_bf16(x, packed, n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(packed[i], float_to_bf16(want[size_t(i)])) << i;
+      kernels::unpack_bf16(packed, x, n);
+      ASSERT_EQ(std::memcmp(x, want.data(), sizeof(float) * static_cast<size_t>(n)), 0);
+    }
+  }
+}
+
+TEST(PackBf16, RoundsValuesThatAreNotBf16ToNearestEven) {
+  std::vector<float> x = {1.0f + 1.0f / 256 + 1.0f / 512, 1.0f + 1.0f / 256, 3.14159265f, -2.0e-3f};
+  std::vector<float> want = x;
+  kernels::round_to_bf16(want.data(), 4);
+  std::vector<uint16_t> packed(4);
+  kernels::pack_bf16(x.data(), packed.data(), 4);
+  kernels::unpack_bf16(packed.data(), x.data(), 4);
+  EXPECT_EQ(x, want);
+  EXPECT_EQ(x[0], 1.0f + 2.0f / 256);  // the tie goes to even
+  EXPECT_EQ(x[1], 1.0f);
+}
+
+TEST(Bf16Capture, RecordsRoundedTensorsOnlyUnderBf16) {
+  std::vector<float> a(8, 1.1f), b(4, 2.2f);
+  std::vector<kernels::FloatSpan> seen;
+  {
+    kernels::Bf16Capture capture(&seen);
+    kernels::round_activation(a.data(), 8);  // fp32: nothing rounded, nothing recorded
+    kernels::PrecisionScope bf16(kernels::Precision::Bf16);
+    kernels::round_activation(b.data(), 4);
+  }
+  kernels::PrecisionScope bf16(kernels::Precision::Bf16);
+  kernels::round_activation(a.data(), 8);  // no capture alive
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].data, b.data());
+  EXPECT_EQ(seen[0].count, 4);
+}
+
+struct Result {
+  std::vector<float> grads, max_logits, expert_load;
+  std::vector<double> activation_ms;
+  double ce = 0;
+  size_t packed_fp32 = 0, compacted = 0, arena = 0;
+};
+
+Result run(const std::string& config, bool packed, Recompute r, int64_t batch, int64_t seq) {
+  TransformerModel model(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config));
+  model.initialize(5);
+  model.set_precision(kernels::Precision::Bf16);
+  model.set_pack_bf16_activations(packed);
+  model.set_recompute(r);
+  const int64_t n = batch * seq;
+  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    tokens[size_t(i)] = static_cast<int32_t>((i * 31 + 7) % model.spec().vocab_size);
+    targets[size_t(i)] = static_cast<int32_t>((i * 17 + 3) % model.spec().vocab_size);
+  }
+  Result out;
+  // Two steps: the second reuses the folded arena whose pages the first one dropped.
+  for (int step = 0; step < 2; ++step) {
+    model.parameters().zero_grad();
+    out.ce = model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0f / float(n)).ce_sum;
+  }
+  out.grads.assign(model.parameters().grads().begin(), model.parameters().grads().end());
+  out.max_logits = model.max_logits();
+  out.expert_load = model.expert_load();
+  out.activation_ms = model.activation_mean_square();
+  out.packed_fp32 = model.packed_activation_fp32_bytes();
+  out.compacted = model.packed_activation_compacted_bytes();
+  out.arena = model.activation_capacity_bytes();
+  return out;
+}
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
+}
+
+class PackedActivationsMatch : public testing::TestWithParam<const char*> {};
+
+TEST_P(PackedActivationsMatch, GradientsAndStatsKeepTheirBits) {
+  for (Recompute r : {Recompute::None, Recompute::Attention}) {
+    SCOPED_TRACE(std::string(recompute_name(r)));
+    const Result slots = run(GetParam(), false, r, 2, 8);
+    const Result packed = run(GetParam(), true, r, 2, 8);
+    EXPECT_EQ(slots.ce, packed.ce);
+    expect_same_bits(slots.grads, packed.grads, "gradients");
+    expect_same_bits(slots.max_logits, packed.max_logits, "max logits");
+    expect_same_bits(slots.expert_load, packed.expert_load, "expert load");
+    EXPECT_EQ(slots.activation_ms, packed.activation_ms);
+    EXPECT_EQ(slots.packed_fp32, 0u);
+    EXPECT_GT(packed.packed_fp32, 0u);
+    EXPECT_GT(packed.compacted, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
+                         testing::Values("tests/fixtures/qwen3/config.json", "tests/fixtures/gpt2/config.json",
+                                         "tests/fixtures/mixtral/config.json", "tests/fixtures/deepseek_v3/config.json",
+                                         "tests/fixtures/gpt_oss/config.json", "tests/fixtures/llama_sandwich/config.json",
+                                         "tests/fixtures/gemma2/config.json"));
+
+// What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
+// and block, q before and after QK-Norm/RoPE and the attention output (3 x heads x head_dim), k
+// before and after and v (3 x kv_heads x head_dim), the two normed sublayer inputs and the two
+// projections into the residual (4 x hidden) and gate, up and the FFN's hidden activation
+// (3 x intermediate).
+TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
+  const Result r = run("bench/configs/qwen3_small.json", true, Recompute::None, 2, 128);
+  const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/bench/configs/qwen3_small.json");
+  const double hd = double(s.attention.head_dim);
+  const double floats_per_token = 3.0 * double(s.attention.num_heads) * hd +
+                                  3.0 * double(s.attention.num_kv_heads) * hd + 4.0 * double(s.hidden_size) +
+                                  3.0 * double(s.mlp.intermediate_size);
+  EXPECT_EQ(double(r.packed_fp32), floats_per_token * 256 * sizeof(float) * double(s.num_layers));
+  // Compacted and expanded stretches of megabytes, the next block laid over the freed space:
+  const Result slots = run("bench/configs/qwen3_small.json", false, Recompute::None, 2, 128);
+  EXPECT_EQ(slots.ce, r.ce);
+  expect_same_bits(slots.grads, r.grads, "gradients");
+  // The arena: the compacted blocks plus one block expanded, against every block in fp32.
+  EXPECT_LT(double(r.arena), 0.85 * double(slots.arena)) << slots.arena << " -> " << r.arena;
+}
+
+}  // namespace
+}  // namespace keel::nn
