@@ -58,5 +58,36 @@ TEST(LinearKernel, NullGradientsAreSkipped) {
   EXPECT_GT(s, 0.0);
 }
 
+// A column slice of a wider Conv1D weight (GPT-2's c_attn: q, k, v from one (in, 3·out) matrix):
+// forward and backward through ldw agree with the same slice copied out, and the backward
+// writes only its own columns of dw.
+TEST(LinearKernel, WeightSliceThroughLdwMatchesThePackedSlice) {
+  const int64_t n = 6, in = 5, out = 4, parts = 3;
+  const auto x = random_vector(size_t(n * in), 21), wide = random_vector(size_t(in * parts * out), 22),
+             b = random_vector(size_t(parts * out), 23), g = random_vector(size_t(n * out), 24);
+  for (int64_t p = 0; p < parts; ++p) {
+    SCOPED_TRACE(p);
+    std::vector<float> packed(size_t(in * out));
+    for (int64_t r = 0; r < in; ++r)
+      for (int64_t c = 0; c < out; ++c) packed[size_t(r * out + c)] = wide[size_t(r * parts * out + p * out + c)];
+    std::vector<float> y_slice(size_t(n * out)), y_packed(size_t(n * out));
+    linear_forward(x.data(), wide.data() + p * out, b.data() + p * out, y_slice.data(), n, in, out, true, parts * out);
+    linear_forward(x.data(), packed.data(), b.data() + p * out, y_packed.data(), n, in, out, true);
+    for (size_t i = 0; i < y_slice.size(); ++i) EXPECT_NEAR(y_slice[i], y_packed[i], 1e-6f) << i;
+    std::vector<float> dx_slice(size_t(n * in)), dx_packed(size_t(n * in));
+    std::vector<float> dw_wide(wide.size(), 0.f), dw_packed(packed.size(), 0.f);
+    linear_backward(x.data(), wide.data() + p * out, g.data(), dx_slice.data(), dw_wide.data() + p * out, nullptr, n,
+                    in, out, true, parts * out);
+    linear_backward(x.data(), packed.data(), g.data(), dx_packed.data(), dw_packed.data(), nullptr, n, in, out, true);
+    for (size_t i = 0; i < dx_slice.size(); ++i) EXPECT_NEAR(dx_slice[i], dx_packed[i], 1e-6f) << i;
+    for (int64_t r = 0; r < in; ++r)
+      for (int64_t c = 0; c < parts * out; ++c) {
+        const float got = dw_wide[size_t(r * parts * out + c)];
+        const bool mine = c >= p * out && c < (p + 1) * out;
+        EXPECT_NEAR(got, mine ? dw_packed[size_t(r * out + c - p * out)] : 0.f, 1e-6f) << r << "," << c;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace keel::kernels

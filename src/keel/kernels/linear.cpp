@@ -9,7 +9,8 @@ namespace keel::kernels {
 
 // x: (n, in), w: (out, in) | (in, out), b: (out) -> y: (n, out)
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in, int64_t out,
-                    bool w_in_out) {
+                    bool w_in_out, int64_t ldw) {
+  if (ldw == 0) ldw = w_in_out ? out : in;
   float beta = 0.f;
   if (b != nullptr) {
     // Seed y with the bias so the gemm adds onto it (beta = 1) instead of a second pass over y.
@@ -18,9 +19,9 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
     beta = 1.f;
   }
   if (w_in_out)
-    gemm_mixed(false, false, n, out, in, 1.f, x, in, w, out, beta, y, out);
+    gemm_mixed(false, false, n, out, in, 1.f, x, in, w, ldw, beta, y, out);
   else
-    gemm_mixed(false, true, n, out, in, 1.f, x, in, w, in, beta, y, out);
+    gemm_mixed(false, true, n, out, in, 1.f, x, in, w, ldw, beta, y, out);
   // bf16 mixed precision: the output is a bf16 activation, as a bf16 nn.Linear under
   // torch.autocast returns one (the bias is added in fp32 before the rounding).
   round_activation(y, n * out);
@@ -28,18 +29,19 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
 
 // x: (n, in), dy: (n, out); accumulates dx: (n, in), dw: w's layout, db: (out)
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
-                     int64_t in, int64_t out, bool w_in_out) {
+                     int64_t in, int64_t out, bool w_in_out, int64_t ldw) {
+  if (ldw == 0) ldw = w_in_out ? out : in;
   if (dx != nullptr) {
     if (w_in_out)
-      gemm_mixed(false, true, n, in, out, 1.f, dy, out, w, out, 1.f, dx, in);  // dx += dy·Wᵀ, W: (in, out)
+      gemm_mixed(false, true, n, in, out, 1.f, dy, out, w, ldw, 1.f, dx, in);  // dx += dy·Wᵀ, W: (in, out)
     else
-      gemm_mixed(false, false, n, in, out, 1.f, dy, out, w, in, 1.f, dx, in);  // dx += dy·W, W: (out, in)
+      gemm_mixed(false, false, n, in, out, 1.f, dy, out, w, ldw, 1.f, dx, in);  // dx += dy·W, W: (out, in)
   }
   if (dw != nullptr) {
     if (w_in_out)
-      gemm_mixed(true, false, in, out, n, 1.f, x, in, dy, out, 1.f, dw, out);  // dW += xᵀ·dy
+      gemm_mixed(true, false, in, out, n, 1.f, x, in, dy, out, 1.f, dw, ldw);  // dW += xᵀ·dy
     else
-      gemm_mixed(true, false, out, in, n, 1.f, dy, out, x, in, 1.f, dw, in);  // dW += dyᵀ·x
+      gemm_mixed(true, false, out, in, n, 1.f, dy, out, x, in, 1.f, dw, ldw);  // dW += dyᵀ·x
   }
   if (db != nullptr) {
     // Each thread owns a slice of columns and sums rows in order: no races, same result for

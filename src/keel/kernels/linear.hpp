@@ -7,13 +7,16 @@
 namespace keel::kernels {
 
 // x: (n, in); w: (out, in) PyTorch nn.Linear layout, or (in, out) when w_in_out (GPT-2 Conv1D);
-// b: (out) or nullptr; y: (n, out), overwritten.
+// b: (out) or nullptr; y: (n, out), overwritten. ldw: w's row stride when it is a slice of a wider
+// matrix (0: packed, in or out); GPT-2's c_attn computes q, k and v from column slices of its
+// (in, 3·in) weight this way, with no split copy.
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in, int64_t out,
-                    bool w_in_out = false);
+                    bool w_in_out = false, int64_t ldw = 0);
 
 // Accumulates: dx += dy·W (skipped when dx is null), dw += dyᵀ·x in w's own layout,
 // db += Σ_rows dy (skipped when db is null).
+// ldw: the row stride of w and dw, as in linear_forward.
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
-                     int64_t in, int64_t out, bool w_in_out = false);
+                     int64_t in, int64_t out, bool w_in_out = false, int64_t ldw = 0);
 
 }  // namespace keel::kernels

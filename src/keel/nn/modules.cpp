@@ -162,15 +162,13 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
   in.v = arena.alloc(static_cast<size_t>(n * kv_out));
   switch (layout_) {
     case arch::ProjectionLayout::Gpt2Conv1D: {
-      // c_attn gives [q | k | v] per token; split into the contiguous layout attention reads.
-      float* qkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
-      kernels::linear_forward(x, store.data(w_qkv_), store.data(b_qkv_), qkv, n, hidden_, 3 * hidden_, true);
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < n; ++t) {
-        const float* row = qkv + t * 3 * hidden_;
-        std::memcpy(in.q + t * hidden_, row, sizeof(float) * hidden_);
-        std::memcpy(in.k + t * hidden_, row + hidden_, sizeof(float) * hidden_);
-        std::memcpy(in.v + t * hidden_, row + 2 * hidden_, sizeof(float) * hidden_);
+      // c_attn's (hidden, 3·hidden) weight holds [q | k | v] column blocks: each is its own
+      // product over a column slice, straight into the layout attention reads.
+      const float* w = store.data(w_qkv_);
+      const float* b = store.data(b_qkv_);
+      float* dst[3] = {in.q, in.k, in.v};
+      for (int64_t p = 0; p < 3; ++p) {
+        kernels::linear_forward(x, w + p * hidden_, b + p * hidden_, dst[p], n, hidden_, hidden_, true, 3 * hidden_);
       }
       return in;
     }
@@ -287,16 +285,11 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   }
   switch (layout_) {
     case arch::ProjectionLayout::Gpt2Conv1D: {
-      float* dqkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < n; ++t) {
-        float* row = dqkv + t * 3 * hidden_;
-        std::memcpy(row, dq + t * hidden_, sizeof(float) * hidden_);
-        std::memcpy(row + hidden_, dk + t * hidden_, sizeof(float) * hidden_);
-        std::memcpy(row + 2 * hidden_, dv + t * hidden_, sizeof(float) * hidden_);
+      const float* d[3] = {dq, dk, dv};
+      for (int64_t p = 0; p < 3; ++p) {
+        kernels::linear_backward(x_, store.data(w_qkv_) + p * hidden_, d[p], dx, store.grad(w_qkv_) + p * hidden_,
+                                 store.grad(b_qkv_) + p * hidden_, n, hidden_, hidden_, true, 3 * hidden_);
       }
-      kernels::linear_backward(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
-                               3 * hidden_, true);
       return;
     }
     case arch::ProjectionLayout::Linear:
