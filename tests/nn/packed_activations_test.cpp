@@ -42,7 +42,9 @@ TEST(PackBf16, RoundTripsBf16ValuesExactlyInPlaceAndShifted) {
       const std::vector<float> want(x, x + n);
       auto* packed = reinterpret_cast<uint16_t*>(buf.data()) + shift;  // shift x 2 bytes below x
       kernels::pack_bf16(x, packed, n);
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(packed[i], float_to_bf16(want[size_t(i)])) << i;
+      std::vector<uint16_t> bits(static_cast<size_t>(n));
+      std::memcpy(bits.data(), packed, bits.size() * sizeof(uint16_t));
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[size_t(i)], float_to_bf16(want[size_t(i)])) << i;
       kernels::unpack_bf16(packed, x, n);
       ASSERT_EQ(std::memcmp(x, want.data(), sizeof(float) * static_cast<size_t>(n)), 0);
     }
