@@ -9,60 +9,25 @@
 #include <vector>
 
 #include "keel/arch/config_file.hpp"
+#include "two_steps.hpp"
 
 namespace keel::nn {
 namespace {
 
-struct Result {
-  std::vector<float> grads, max_logits, expert_load;
-  std::vector<double> activation_ms;
-  double ce = 0;
-  size_t activation_bytes = 0;
-};
+using two_steps::TwoSteps;
 
-Result run(const std::string& config, Recompute r, int64_t batch, int64_t seq) {
-  TransformerModel model(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config));
-  model.initialize(5);
-  model.set_recompute(r);
-  const int64_t n = batch * seq;
-  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    tokens[size_t(i)] = static_cast<int32_t>((i * 31 + 7) % model.spec().vocab_size);
-    targets[size_t(i)] = static_cast<int32_t>((i * 17 + 3) % model.spec().vocab_size);
-  }
-  Result out;
-  // Two steps: the second runs on the arena folded after the first, as training does.
-  for (int step = 0; step < 2; ++step) {
-    model.parameters().zero_grad();
-    out.ce = model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0f / float(n)).ce_sum;
-  }
-  out.grads.assign(model.parameters().grads().begin(), model.parameters().grads().end());
-  out.max_logits = model.max_logits();
-  out.expert_load = model.expert_load();
-  out.activation_ms = model.activation_mean_square();
-  out.activation_bytes = model.activation_capacity_bytes();
-  return out;
-}
-
-void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
+TwoSteps run(const std::string& config, Recompute r, int64_t batch, int64_t seq) {
+  return two_steps::run_two_steps(config, [&](TransformerModel& m) { m.set_recompute(r); }, batch, seq);
 }
 
 class RecomputeMatches : public testing::TestWithParam<const char*> {};
 
 TEST_P(RecomputeMatches, AttentionAndBlocksGiveTheBitsOfNone) {
-  const Result none = run(GetParam(), Recompute::None, 3, 8);
+  const TwoSteps none = run(GetParam(), Recompute::None, 3, 8);
   for (Recompute r : {Recompute::Attention, Recompute::Blocks}) {
     SCOPED_TRACE(std::string(recompute_name(r)));
-    const Result other = run(GetParam(), r, 3, 8);
-    EXPECT_EQ(none.ce, other.ce);
-    expect_same_bits(none.grads, other.grads, "gradients");
-    expect_same_bits(none.max_logits, other.max_logits, "max logits");
-    expect_same_bits(none.expert_load, other.expert_load, "expert load");
-    EXPECT_EQ(none.activation_ms, other.activation_ms);
+    const TwoSteps other = run(GetParam(), r, 3, 8);
+    two_steps::expect_same_step(none, other);
   }
 }
 
@@ -76,9 +41,9 @@ INSTANTIATE_TEST_SUITE_P(Families, RecomputeMatches,
 // What recomputation is for: fewer activations held. A 4-layer model at 2 x 128 tokens.
 TEST(Recompute, HoldsFewerActivations) {
   const char* config = "bench/configs/qwen3_small.json";
-  const size_t none = run(config, Recompute::None, 2, 128).activation_bytes;
-  const size_t attention = run(config, Recompute::Attention, 2, 128).activation_bytes;
-  const size_t blocks = run(config, Recompute::Blocks, 2, 128).activation_bytes;
+  const size_t none = run(config, Recompute::None, 2, 128).arena;
+  const size_t attention = run(config, Recompute::Attention, 2, 128).arena;
+  const size_t blocks = run(config, Recompute::Blocks, 2, 128).arena;
   EXPECT_LT(attention, none);
   EXPECT_LT(blocks, attention);
   EXPECT_LT(double(blocks), 0.7 * double(none)) << none << " -> " << blocks;
