@@ -325,9 +325,12 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     packed_.pack(l, arena_, mark);
     return kept;
   };
+  // The last block's backward comes first: packing it would only be undone at once, and its
+  // expanded stretch is part of the peak either way.
+  const bool pack = packing_ && l + 1 < blocks_.size();
   if (!for_backward || recompute_ == Recompute::None) {
     auto whole = [&] { return block.forward(store_, arena_, x, s, max_logit); };
-    return packing_ && for_backward ? packed(whole) : whole();
+    return pack && for_backward ? packed(whole) : whole();
   }
   // Keep the block's input (already in the arena) and the part's output in a buffer allocated
   // before the mark; everything the part allocated after it is given back.
@@ -340,7 +343,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   arena_.release(mark);
   if (recompute_ == Recompute::Blocks) return kept;
   auto mlp = [&] { return block.forward_mlp(store_, arena_, kept, s); };
-  return packing_ ? packed(mlp) : mlp();
+  return pack ? packed(mlp) : mlp();
 }
 
 float* TransformerModel::backward_block(size_t l, float* dout, const StepShape& s) {
