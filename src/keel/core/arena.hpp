@@ -46,6 +46,12 @@ class FloatBuffer {
 
 class Arena {
  public:
+  Arena() = default;
+  // Views point into its blocks: moved (a DecodeState is returned by value), never copied.
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  Arena(Arena&&) = default;
+  Arena& operator=(Arena&&) = default;
   // Uninitialized floats valid until the next reset().
   float* alloc(size_t count) {
     size_t padded = (count + kAlignment / sizeof(float) - 1) / (kAlignment / sizeof(float)) * (kAlignment / sizeof(float));
