@@ -311,38 +311,39 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
-  // Runs part of the block with its activations packed as bf16 after (packed_activations.hpp):
-  // the output goes to a buffer allocated before the part's stretch of the arena.
-  auto packed = [&](auto&& part) -> float* {
+  // Runs part of the block in its own stretch of the arena, copies the part's output to a buffer
+  // allocated before that stretch, then hands the stretch to `done`: given back (recomputation)
+  // or packed as bf16 (packed_activations.hpp).
+  auto keep_output = [&](auto&& part, auto&& done) -> float* {
     float* kept = arena_.alloc(size);
     const Arena::Mark mark = arena_.mark();
-    const float* out = nullptr;
-    {
-      kernels::Bf16Capture capture(packed_.capture(l));
-      out = part();
-    }
-    std::memcpy(kept, out, size * sizeof(float));
-    packed_.pack(l, arena_, mark);
+    std::memcpy(kept, part(), size * sizeof(float));
+    done(mark);
     return kept;
   };
-  // The last block's backward comes first: packing it would only be undone at once, and its
-  // expanded stretch is part of the peak either way.
+  auto packed = [&](auto&& part) {
+    return keep_output(
+        [&] {
+          kernels::Bf16Capture capture(packed_.capture(l));
+          return part();
+        },
+        [&](const Arena::Mark& mark) { packed_.pack(l, arena_, mark); });
+  };
+  auto given_back = [&](const Arena::Mark& mark) { arena_.release(mark); };
+  // packing_ is only set for a training forward. The last block's backward comes first: packing
+  // it would only be undone at once, and its expanded stretch is part of the peak either way.
   const bool pack = packing_ && l + 1 < blocks_.size();
   if (!for_backward || recompute_ == Recompute::None) {
     auto whole = [&] { return block.forward(store_, arena_, x, s, max_logit); };
-    return pack && for_backward ? packed(whole) : whole();
+    return pack ? packed(whole) : whole();
   }
-  // Keep the block's input (already in the arena) and the part's output in a buffer allocated
-  // before the mark; everything the part allocated after it is given back.
+  // Recomputation keeps the block's input (already in the arena) and the part's output.
   block_inputs_[l] = x;
-  float* kept = arena_.alloc(size);
-  const Arena::Mark mark = arena_.mark();
-  const float* out = recompute_ == Recompute::Blocks ? block.forward(store_, arena_, x, s, max_logit)
-                                                      : block.forward_attention(store_, arena_, x, s, max_logit);
-  std::memcpy(kept, out, size * sizeof(float));
-  arena_.release(mark);
-  if (recompute_ == Recompute::Blocks) return kept;
-  auto mlp = [&] { return block.forward_mlp(store_, arena_, kept, s); };
+  if (recompute_ == Recompute::Blocks) {
+    return keep_output([&] { return block.forward(store_, arena_, x, s, max_logit); }, given_back);
+  }
+  float* x1 = keep_output([&] { return block.forward_attention(store_, arena_, x, s, max_logit); }, given_back);
+  auto mlp = [&] { return block.forward_mlp(store_, arena_, x1, s); };
   return pack ? packed(mlp) : mlp();
 }
 
