@@ -144,6 +144,15 @@ TEST(LineChart, ValuesEqualToWithinRoundingStillGetAxes) {
   h.values = {1e17};
   const auto map = testing::parse_xml(render_heatmap(h));
   EXPECT_EQ(checked(map).all("g", "cells").at(0)->all("rect").size(), 1u);
+
+  // One step at 2^62: step - 0.5 and step + 0.5 round to the same double, so the columns span
+  // nothing (a crash the metrics fuzzer found); the map still renders, with x-axis ticks.
+  Heatmap flat = h;
+  flat.col_start = {0x1p62};
+  flat.col_end = {0x1p62};
+  const auto flat_map = testing::parse_xml(render_heatmap(flat));
+  EXPECT_EQ(checked(flat_map).all("g", "cells").at(0)->all("rect").size(), 1u);
+  EXPECT_GE(checked(flat_map).all("g", "axes").at(0)->all("text").size(), 2u);
 }
 
 TEST(LineChart, OnePointOneSeriesAndNoData) {

@@ -444,7 +444,13 @@ std::string render_heatmap(const Heatmap& map, double width) {
   svg.text(10, 22, map.title, 15, "start", {Attr("font-weight", "600"), Attr("fill", kInk)});
   if (!map.subtitle.empty()) svg.text(10, 40, map.subtitle, 11, "start", {Attr("fill", kMuted)});
 
-  const Scale sx{map.col_start.front(), map.col_end.back(), left, left + plot_w};
+  // Steps beyond double precision (a damaged or hostile metrics.jsonl) can make the columns'
+  // extent empty (1e17 - 0.5 == 1e17 + 0.5): widen it as the line charts do.
+  Range xr;
+  xr.add(map.col_start.front());
+  xr.add(map.col_end.back());
+  widen(xr, true);
+  const Scale sx{xr.lo, xr.hi, left, left + plot_w};
   const ValueRange vr = heatmap_range(map.values);
 
   // Cells: the x extent of each column is shared by every row, so format it once.
@@ -503,9 +509,8 @@ std::string render_heatmap(const Heatmap& map, double width) {
 
   // x axis.
   svg.open("g", {Attr("class", "axes"), Attr("fill", kMuted)});
-  const double xlo = map.col_start.front(), xhi = map.col_end.back();
-  if (xhi > xlo) {
-    const Ticks xt = nice_ticks(xlo, xhi, std::clamp(static_cast<int>(plot_w / 90), 2, 12), true);
+  if (xr.hi > xr.lo) {
+    const Ticks xt = nice_ticks(xr.lo, xr.hi, std::clamp(static_cast<int>(plot_w / 90), 2, 12), true);
     for (double v : xt.values) {
       svg.line(sx(v), top + plot_h, sx(v), top + plot_h + 4, kAxis, 1);
       svg.text(sx(v), top + plot_h + 16, format_tick(v, xt.step), 11, "middle");
