@@ -102,6 +102,7 @@ TEST_P(PackedActivationsMatch, GradientsAndStatsKeepTheirBits) {
     EXPECT_EQ(slots.packed_fp32, 0u);
     EXPECT_GT(packed.packed_fp32, 0u);
     EXPECT_GT(packed.compacted, 0u);
+    EXPECT_GT(packed.dropped, 0u);
   }
 }
 
@@ -113,18 +114,20 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
 
 // What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
 // and block, q before and after QK-Norm/RoPE and the attention output (3 x heads x head_dim), k
-// before and after and v (3 x kv_heads x head_dim), the two normed sublayer inputs and the two
-// projections into the residual (4 x hidden) and gate, up and the FFN's hidden activation
-// (3 x intermediate).
+// before and after and v (3 x kv_heads x head_dim), the two normed sublayer inputs (2 x hidden)
+// and gate, up and the FFN's hidden activation (3 x intermediate). Dropped: the two projections
+// into the residual stream and the block's output in the stretch (3 x hidden).
 TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
   const TwoSteps r = run("bench/configs/qwen3_small.json", true, Recompute::None, 2, 128);
   const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/bench/configs/qwen3_small.json");
   const double hd = double(s.attention.head_dim);
   const double floats_per_token = 3.0 * double(s.attention.num_heads) * hd +
-                                  3.0 * double(s.attention.num_kv_heads) * hd + 4.0 * double(s.hidden_size) +
+                                  3.0 * double(s.attention.num_kv_heads) * hd + 2.0 * double(s.hidden_size) +
                                   3.0 * double(s.mlp.intermediate_size);
   // Every block but the last, whose backward comes first (it is never packed).
-  EXPECT_EQ(double(r.packed_fp32), floats_per_token * 256 * sizeof(float) * double(s.num_layers - 1));
+  const double tokens_blocks = 256.0 * double(s.num_layers - 1);
+  EXPECT_EQ(double(r.packed_fp32), floats_per_token * tokens_blocks * sizeof(float));
+  EXPECT_EQ(double(r.dropped), 3.0 * double(s.hidden_size) * tokens_blocks * sizeof(float));
   // Compacted and expanded stretches of megabytes, the next block laid over the freed space:
   const TwoSteps slots = run("bench/configs/qwen3_small.json", false, Recompute::None, 2, 128);
   EXPECT_EQ(slots.ce, r.ce);

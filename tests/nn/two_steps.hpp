@@ -18,7 +18,7 @@ struct TwoSteps {
   std::vector<float> grads, max_logits, expert_load;
   std::vector<double> activation_ms;
   double ce = 0;
-  size_t arena = 0, packed_fp32 = 0, compacted = 0;
+  size_t arena = 0, packed_fp32 = 0, dropped = 0, compacted = 0;
 };
 
 // config: relative to the source tree; setup: switches on the model before its first step.
@@ -44,6 +44,7 @@ inline TwoSteps run_two_steps(const std::string& config, const std::function<voi
   out.activation_ms = model.activation_mean_square();
   out.arena = model.activation_capacity_bytes();
   out.packed_fp32 = model.packed_activation_fp32_bytes();
+  out.dropped = model.packed_activation_dropped_bytes();
   out.compacted = model.packed_activation_compacted_bytes();
   return out;
 }

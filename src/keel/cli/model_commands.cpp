@@ -385,9 +385,11 @@ void register_bench(CLI::App& app) {
       out["recompute"] = o->recompute;
       if (o->precision == "bf16") out["bf16_activations"] = o->bf16_activations;
       // bf16 activation storage: the blocks' compacted stretches of the arena at the end of the
-      // forward, and what their bf16 tensors alone would take in fp32 (0 and 0 without packing).
+      // forward, what their bf16 tensors alone would take in fp32, and the fp32 bytes of the
+      // tensors no backward reads, dropped from the stretches (0, 0 and 0 without packing).
       out["packed_activation_mb"] = static_cast<double>(model.packed_activation_compacted_bytes()) / (1024.0 * 1024.0);
       out["packed_bf16_tensors_fp32_mb"] = static_cast<double>(model.packed_activation_fp32_bytes()) / (1024.0 * 1024.0);
+      out["dropped_unused_activation_mb"] = static_cast<double>(model.packed_activation_dropped_bytes()) / (1024.0 * 1024.0);
       out["activation_mb"] = static_cast<double>(model.activation_capacity_bytes()) / (1024.0 * 1024.0);  // per timed step; KEEL_THREADS=fixed pins it
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;

@@ -66,9 +66,11 @@ void add_into(float* dst, const float* a, const float* b, int64_t n) {
 // matmul_input: f reads its input only as a matmul operand (attention's and a dense MLP's
 // projections, not a router), so under bf16 the normed input is stored rounded, the value every
 // one of its uses takes anyway (and a bf16 activation that packing can hold in 2 bytes).
+// unused (if not null) gets after(f(...)) once it is added in: no module keeps its own output for
+// the backward (Norm keeps its input, attention its heads, an FFN its hidden activation).
 template <class Sub, class NormFn, class F>
-float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm,
-                F&& f) {
+float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidden, bool matmul_input,
+                std::vector<kernels::FloatSpan>* unused, NormFn&& norm, F&& f) {
   const float* f_in = in;
   if (sub.before) {
     float* normed = norm(*sub.before, in);
@@ -79,6 +81,7 @@ float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidd
   if (sub.after) y = norm(*sub.after, y);
   float* sum = arena.alloc(static_cast<size_t>(n * hidden));
   add_into(sum, in, y, n * hidden);
+  if (unused != nullptr) unused->push_back({y, n * hidden});
   return sub.wrap ? norm(*sub.wrap, sum) : sum;
 }
 
@@ -109,7 +112,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
                                 float* max_logit) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(attn_norms_, arena, x, n, hidden_, true, norm, [&](const float* in) {
+  return residual(attn_norms_, arena, x, n, hidden_, true, unused_, norm, [&](const float* in) {
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
@@ -118,7 +121,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
 float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
+  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), unused_, norm, [&](const float* in) {
     return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
   });
 }
@@ -126,11 +129,11 @@ float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, 
 float* Block::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                                   KvCache& cache) const {
   auto norm = [&](const Norm& nm, const float* in) { return nm.forward_incremental(store, arena, in, n); };
-  float* x1 = residual(attn_norms_, arena, x, n, hidden_, true, norm, [&](const float* in) {
+  float* x1 = residual(attn_norms_, arena, x, n, hidden_, true, nullptr, norm, [&](const float* in) {
     return attention_ ? attention_->forward_incremental(store, arena, in, n, cache)
                       : mla_->forward_incremental(store, arena, in, n, cache);
   });
-  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
+  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), nullptr, norm, [&](const float* in) {
     return mlp_ ? mlp_->forward_incremental(store, arena, in, n) : moe_->forward_incremental(store, arena, in, n);
   });
 }
@@ -317,19 +320,27 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   auto keep_output = [&](auto&& part, auto&& done) -> float* {
     float* kept = arena_.alloc(size);
     const Arena::Mark mark = arena_.mark();
-    std::memcpy(kept, part(), size * sizeof(float));
-    done(mark);
+    const float* out = part();
+    std::memcpy(kept, out, size * sizeof(float));
+    done(mark, out);
     return kept;
   };
   auto packed = [&](auto&& part) {
     return keep_output(
         [&] {
           kernels::Bf16Capture capture(packed_.capture(l));
-          return part();
+          block.list_unused(packed_.unused(l));
+          const float* out = part();
+          block.list_unused(nullptr);
+          return out;
         },
-        [&](const Arena::Mark& mark) { packed_.pack(l, arena_, mark); });
+        [&](const Arena::Mark& mark, const float* out) {
+          // The stretch's copy of the output is read no more: the next block reads `kept`.
+          packed_.unused(l)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+          packed_.pack(l, arena_, mark);
+        });
   };
-  auto given_back = [&](const Arena::Mark& mark) { arena_.release(mark); };
+  auto given_back = [&](const Arena::Mark& mark, const float*) { arena_.release(mark); };
   // packing_ is only set for a training forward. The last block's backward comes first: packing
   // it would only be undone at once, and its expanded stretch is part of the peak either way.
   const bool pack = packing_ && l + 1 < blocks_.size();

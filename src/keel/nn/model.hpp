@@ -49,6 +49,9 @@ class Block {
   // The routed-expert FFN of an MoE layer, null for a dense one.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
+  // While set, the training forward lists here what its backward never reads: each sublayer's
+  // output once added into the residual stream (bf16 packing drops them).
+  void list_unused(std::vector<kernels::FloatSpan>* out) { unused_ = out; }
 
  private:
   float* backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
@@ -62,6 +65,7 @@ class Block {
   // Exactly one FFN: a dense MLP or routed experts (spec.is_moe_layer).
   std::optional<Mlp> mlp_;
   std::optional<Moe> moe_;
+  std::vector<kernels::FloatSpan>* unused_ = nullptr;
 };
 
 // Throws keel::Error(source, "model_type", why) for a family keel reads but cannot build
@@ -96,6 +100,7 @@ class TransformerModel {
   // of all blocks' compacted stretches (both 0 without packing).
   size_t packed_activation_fp32_bytes() const { return packed_.packed_fp32_bytes(); }
   size_t packed_activation_compacted_bytes() const { return packed_.compacted_bytes(); }
+  size_t packed_activation_dropped_bytes() const { return packed_.dropped_bytes(); }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
   void initialize(uint64_t seed);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 namespace keel::nn {
 
@@ -29,17 +30,17 @@ std::vector<kernels::FloatSpan> inside(std::vector<kernels::FloatSpan> spans, co
 // every value before overwriting it (pack_bf16, unpack_bf16, memmove); where they do not, which
 // is most of a stretch (the gap grows with every bf16 piece before), the threads split it.
 template <bool Pack, class P>
-void move_piece(char* base, const P& p) {
-  const size_t elem = p.bf16 ? sizeof(uint16_t) : sizeof(float);
+void move_piece(char* base, const P& p, bool bf16) {
+  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
   const bool overlap = p.to + static_cast<size_t>(p.count) * elem > p.from;
   auto run = [&](int64_t i0, int64_t i1) {
     char* wide = base + p.from + static_cast<size_t>(i0) * sizeof(float);
     char* narrow = base + p.to + static_cast<size_t>(i0) * elem;
     const int64_t m = i1 - i0;
-    if (p.bf16 && Pack) kernels::pack_bf16(reinterpret_cast<const float*>(wide), reinterpret_cast<uint16_t*>(narrow), m);
-    if (p.bf16 && !Pack) kernels::unpack_bf16(reinterpret_cast<const uint16_t*>(narrow), reinterpret_cast<float*>(wide), m);
-    if (!p.bf16 && Pack) std::memmove(narrow, wide, static_cast<size_t>(m) * sizeof(float));
-    if (!p.bf16 && !Pack) std::memmove(wide, narrow, static_cast<size_t>(m) * sizeof(float));
+    if (bf16 && Pack) kernels::pack_bf16(reinterpret_cast<const float*>(wide), reinterpret_cast<uint16_t*>(narrow), m);
+    if (bf16 && !Pack) kernels::unpack_bf16(reinterpret_cast<const uint16_t*>(narrow), reinterpret_cast<float*>(wide), m);
+    if (!bf16 && Pack) std::memmove(narrow, wide, static_cast<size_t>(m) * sizeof(float));
+    if (!bf16 && !Pack) std::memmove(wide, narrow, static_cast<size_t>(m) * sizeof(float));
   };
   constexpr int64_t kSlice = 1 << 16;
   if (overlap || p.count < 2 * kSlice) {
@@ -55,16 +56,19 @@ void move_piece(char* base, const P& p) {
 
 void PackedActivations::start(size_t blocks) {
   spans_.assign(blocks, {});
+  unused_.assign(blocks, {});
   stretches_.assign(blocks, {});
   reach_ = nullptr;
-  packed_fp32_bytes_ = compacted_bytes_ = 0;
+  packed_fp32_bytes_ = dropped_bytes_ = compacted_bytes_ = 0;
 }
 
 std::vector<kernels::FloatSpan>* PackedActivations::capture(size_t block) { return &spans_[block]; }
+std::vector<kernels::FloatSpan>* PackedActivations::unused(size_t block) { return &unused_[block]; }
 
 void PackedActivations::pack(size_t block, Arena& arena, const Arena::Mark& since) {
-  std::vector<kernels::FloatSpan> spans = std::move(spans_[block]);
+  std::vector<kernels::FloatSpan> spans = std::move(spans_[block]), unused = std::move(unused_[block]);
   spans_[block].clear();
+  unused_[block].clear();
   float* end = arena.top();
   if (!arena.contiguous_since(since)) return;
   arena.release(since);
@@ -72,23 +76,42 @@ void PackedActivations::pack(size_t block, Arena& arena, const Arena::Mark& sinc
   Stretch st;
   st.base = reinterpret_cast<char*>(begin);
   st.bytes = static_cast<size_t>(end - begin) * sizeof(float);
-  // Pieces in address order: the recorded bf16 tensors and the fp32 gaps between them.
-  size_t to = 0;
-  const float* at = begin;
-  auto add = [&](const float* p, int64_t count, bool bf16) {
-    if (count <= 0) return;
-    st.pieces.push_back({static_cast<size_t>(reinterpret_cast<const char*>(p) - st.base), to, count, bf16});
-    to += static_cast<size_t>(count) * (bf16 ? sizeof(uint16_t) : sizeof(float));
-  };
-  for (const auto& s : inside(std::move(spans), begin, end)) {
-    add(at, s.data - at, false);
-    add(s.data, s.count, true);
-    packed_fp32_bytes_ += static_cast<size_t>(s.count) * sizeof(float);
-    at = s.data + s.count;
+  const std::vector<kernels::FloatSpan> rounded = inside(std::move(spans), begin, end);
+  const std::vector<kernels::FloatSpan> dropped = inside(std::move(unused), begin, end);
+  // Pieces in address order: between two consecutive span ends the stretch is wholly unused
+  // (dropped, even where it was rounded too), wholly a bf16 tensor, or wholly something else.
+  std::vector<const float*> cuts = {begin, end};
+  for (const auto* list : {&rounded, &dropped}) {
+    for (const auto& sp : *list) {
+      cuts.push_back(sp.data);
+      cuts.push_back(sp.data + sp.count);
+    }
   }
-  add(at, end - at, false);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  size_t to = 0, r = 0, d = 0;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    const float* at = cuts[c];
+    const int64_t count = cuts[c + 1] - at;
+    while (r < rounded.size() && rounded[r].data + rounded[r].count <= at) ++r;
+    while (d < dropped.size() && dropped[d].data + dropped[d].count <= at) ++d;
+    const Kept kept = d < dropped.size() && dropped[d].data <= at   ? Kept::Dropped
+                      : r < rounded.size() && rounded[r].data <= at ? Kept::Bf16
+                                                                    : Kept::Fp32;
+    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    if (kept == Kept::Bf16) packed_fp32_bytes_ += bytes;
+    if (kept == Kept::Dropped) dropped_bytes_ += bytes;
+    if (!st.pieces.empty() && st.pieces.back().kept == kept) {
+      st.pieces.back().count += count;  // the same kind again, right after the last piece
+    } else {
+      st.pieces.push_back({static_cast<size_t>(reinterpret_cast<const char*>(at) - st.base), to, count, kept});
+    }
+    to += kept == Kept::Dropped ? 0 : static_cast<size_t>(count) * (kept == Kept::Bf16 ? sizeof(uint16_t) : sizeof(float));
+  }
   // Front to back: each piece moves down (to <= from), never onto a piece not yet moved.
-  for (const Piece& p : st.pieces) move_piece<true>(st.base, p);
+  for (const Piece& p : st.pieces) {
+    if (p.kept != Kept::Dropped) move_piece<true>(st.base, p, p.kept == Kept::Bf16);
+  }
   compacted_bytes_ += to;
   // Stretches in an older arena block need no reserve: nothing is allocated there any more.
   reach_ = reach_block_ == since.blocks ? std::max<const char*>(reach_, st.base + st.bytes) : st.base + st.bytes;
@@ -104,7 +127,17 @@ void PackedActivations::reserve(Arena& arena) const {
 void PackedActivations::unpack(size_t block) {
   Stretch& st = stretches_[block];
   // Back to front: each piece moves up (from >= to), never onto a piece not yet moved.
-  for (auto p = st.pieces.rbegin(); p != st.pieces.rend(); ++p) move_piece<false>(st.base, *p);
+  for (auto p = st.pieces.rbegin(); p != st.pieces.rend(); ++p) {
+    if (p->kept != Kept::Dropped) move_piece<false>(st.base, *p, p->kept == Kept::Bf16);
+  }
+  // Dropped tensors come back as NaN, not as whatever lay there: a tensor declared unused that
+  // the backward does read poisons the gradients at once (about 0.3% of a step).
+  for (const Piece& p : st.pieces) {
+    if (p.kept == Kept::Dropped) {
+      float* x = reinterpret_cast<float*>(st.base + p.from);
+      std::fill(x, x + p.count, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
   st = Stretch{};
 }
 

@@ -7,9 +7,12 @@
 // stream, norm statistics, log-sum-exps, router state) copied as it is, and the next block is
 // laid out right after the compacted copy. Before the block's backward the stretch is expanded
 // back to where it was, so every pointer the modules hold is valid again; what it overwrites
-// then (later blocks' copies) is dead by that time. Memory: the blocks' compacted copies plus
-// one block expanded, instead of every block in fp32. Nothing is rounded that was not already
-// rounded: gradients are bit-identical to keeping the values in fp32 slots (tested).
+// then (later blocks' copies) is dead by that time. Tensors the block declares unused after its
+// forward (what its sublayers add into the residual stream, and its output once copied out) are
+// dropped from the copy altogether and come back as garbage the backward never reads. Memory: the
+// blocks' compacted copies plus one block expanded, instead of every block in fp32. Nothing is
+// rounded that was not already rounded: gradients are bit-identical to keeping the values in fp32
+// slots (tested, which also catches a tensor wrongly declared unused).
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -25,6 +28,8 @@ class PackedActivations {
   void start(size_t blocks);
   // Where block b's forward records the tensors it rounds (a kernels::Bf16Capture target).
   std::vector<kernels::FloatSpan>* capture(size_t block);
+  // Where block b's forward lists the tensors its backward never reads (they are not kept).
+  std::vector<kernels::FloatSpan>* unused(size_t block);
   // After block b's forward, which allocated everything since `since` in `arena`: compacts that
   // stretch in place and leaves the arena just past the compacted copy. A stretch that is not
   // one run of memory (the arena grew a block during the first step) stays as it is.
@@ -34,27 +39,30 @@ class PackedActivations {
   void reserve(Arena& arena) const;
   // Before block b's backward: its stretch as the forward left it.
   void unpack(size_t block);
-  // Of the last training step: bytes the packed bf16 tensors would take in fp32, and the bytes
-  // of all blocks' compacted copies (bf16 tensors at 2 bytes, the rest at 4).
+  // Of the last training step: bytes the packed bf16 tensors would take in fp32, bytes of the
+  // unused tensors dropped (as they lay in the arena), and the bytes of all blocks' compacted
+  // copies (bf16 tensors at 2 bytes, the rest at 4).
   size_t packed_fp32_bytes() const { return packed_fp32_bytes_; }
+  size_t dropped_bytes() const { return dropped_bytes_; }
   size_t compacted_bytes() const { return compacted_bytes_; }
 
  private:
+  enum class Kept { Fp32, Bf16, Dropped };
   struct Piece {
     size_t from, to;  // byte offsets in the stretch before and after compaction
     int64_t count;    // floats
-    bool bf16;
+    Kept kept;
   };
   struct Stretch {
     char* base = nullptr;
     size_t bytes = 0;
     std::vector<Piece> pieces;
   };
-  std::vector<std::vector<kernels::FloatSpan>> spans_;
+  std::vector<std::vector<kernels::FloatSpan>> spans_, unused_;
   std::vector<Stretch> stretches_;
   const char* reach_ = nullptr;  // the furthest end of a packed stretch in the arena's newest block
   size_t reach_block_ = 0;       // the arena's block count when reach_ was set
-  size_t packed_fp32_bytes_ = 0, compacted_bytes_ = 0;
+  size_t packed_fp32_bytes_ = 0, dropped_bytes_ = 0, compacted_bytes_ = 0;
 };
 
 }  // namespace keel::nn
