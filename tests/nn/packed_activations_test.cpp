@@ -110,7 +110,13 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
                          testing::Values("tests/fixtures/qwen3/config.json", "tests/fixtures/gpt2/config.json",
                                          "tests/fixtures/mixtral/config.json", "tests/fixtures/deepseek_v3/config.json",
                                          "tests/fixtures/gpt_oss/config.json", "tests/fixtures/llama_sandwich/config.json",
-                                         "tests/fixtures/gemma2/config.json"));
+                                         "tests/fixtures/gemma2/config.json",
+                                         // Norm placements post (wrap) and post-sublayer (after), the
+                                         // attention output gate, MLA without a q LoRA: the
+                                         // outputs dropped are the right ones in each.
+                                         "tests/fixtures/llama_layernorm_post/config.json",
+                                         "tests/fixtures/olmo2/config.json", "tests/fixtures/qwen3_gate/config.json",
+                                         "tests/fixtures/mla_no_q_lora/config.json"));
 
 // What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
 // and block, q before and after QK-Norm/RoPE and the attention output (3 x heads x head_dim), k
