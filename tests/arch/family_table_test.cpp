@@ -40,7 +40,9 @@ TEST(FamilyTable, EveryTrainableFamilyHasAPytorchFixture) {
     EXPECT_TRUE(fs::exists(fixture)) << "family " << row.model_type << " has no PyTorch fixture: write "
                                      << fixture.string() << " with tools/make_fixtures.py";
     const fs::path config = fixture.parent_path() / "config.json";
-    if (fs::exists(config)) EXPECT_EQ(load_model_spec(config.string()).family, row.family) << config.string();
+    if (fs::exists(config)) {
+      EXPECT_EQ(load_model_spec(config.string()).family, row.family) << config.string();
+    }
   }
 }
 

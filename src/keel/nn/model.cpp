@@ -310,6 +310,24 @@ std::string_view recompute_name(Recompute r) {
   return "none";
 }
 
+namespace {
+// While alive, `block`'s training forward lists what its backward never reads in *out (undone
+// on the way out, whatever way that is).
+class UnusedListing {
+ public:
+  UnusedListing(Block& block, std::vector<kernels::FloatSpan>* out) : block_(block), previous_(block.listing_unused()) {
+    block_.list_unused(out);
+  }
+  ~UnusedListing() { block_.list_unused(previous_); }
+  UnusedListing(const UnusedListing&) = delete;
+  UnusedListing& operator=(const UnusedListing&) = delete;
+
+ private:
+  Block& block_;
+  std::vector<kernels::FloatSpan>* previous_;
+};
+}  // namespace
+
 float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, bool for_backward) {
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
@@ -329,10 +347,8 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     return keep_output(
         [&] {
           kernels::Bf16Capture capture(packed_.capture(l));
-          block.list_unused(packed_.unused(l));
-          const float* out = part();
-          block.list_unused(nullptr);
-          return out;
+          UnusedListing listing(block, packed_.unused(l));
+          return part();
         },
         [&](const Arena::Mark& mark, const float* out) {
           // The stretch's copy of the output is read no more: the next block reads `kept`.

@@ -52,6 +52,7 @@ class Block {
   // While set, the training forward lists here what its backward never reads: each sublayer's
   // output once added into the residual stream (bf16 packing drops them).
   void list_unused(std::vector<kernels::FloatSpan>* out) { unused_ = out; }
+  std::vector<kernels::FloatSpan>* listing_unused() const { return unused_; }
 
  private:
   float* backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
@@ -96,8 +97,9 @@ class TransformerModel {
   // off keeps those bf16 values in fp32 slots (the same numerics, twice the memory).
   void set_pack_bf16_activations(bool on) { pack_bf16_activations_ = on; }
   bool pack_bf16_activations() const { return pack_bf16_activations_; }
-  // Of the last training step: bytes the packed bf16 tensors would take in fp32, and the bytes
-  // of all blocks' compacted stretches (both 0 without packing).
+  // Of the last training step: bytes the packed bf16 tensors would take in fp32, the bytes of
+  // all blocks' compacted stretches, and the fp32 bytes of the unused tensors dropped from them
+  // (all 0 without packing).
   size_t packed_activation_fp32_bytes() const { return packed_.packed_fp32_bytes(); }
   size_t packed_activation_compacted_bytes() const { return packed_.compacted_bytes(); }
   size_t packed_activation_dropped_bytes() const { return packed_.dropped_bytes(); }

@@ -9,7 +9,7 @@
 // back to where it was, so every pointer the modules hold is valid again; what it overwrites
 // then (later blocks' copies) is dead by that time. Tensors the block declares unused after its
 // forward (what its sublayers add into the residual stream, and its output once copied out) are
-// dropped from the copy altogether and come back as garbage the backward never reads. Memory: the
+// dropped from the copy altogether and come back as NaN (the backward never reads them). Memory: the
 // blocks' compacted copies plus one block expanded, instead of every block in fp32. Nothing is
 // rounded that was not already rounded: gradients are bit-identical to keeping the values in fp32
 // slots (tested, which also catches a tensor wrongly declared unused).

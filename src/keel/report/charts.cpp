@@ -460,7 +460,7 @@ std::string render_heatmap(const Heatmap& map, double width) {
     col_x[c] = svg_number(x0);
     // Cells overlap the next by half a pixel: crispEdges rounds x and width separately, which
     // would otherwise leave hairline gaps between columns.
-    col_w[c] = svg_number(std::max(x1 - x0, 0.0) + (c + 1 < cols ? 0.5 : 0.0));
+    col_w[c] = svg_number(std::max(x1 - x0, 1.0) + (c + 1 < cols ? 0.5 : 0.0));  // >= 1 px, even rounded away
   }
   svg.open("g", {Attr("class", "cells"), Attr("shape-rendering", "crispEdges")});
   for (size_t r = 0; r < rows; ++r) {
