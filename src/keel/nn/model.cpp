@@ -311,20 +311,17 @@ std::string_view recompute_name(Recompute r) {
 }
 
 namespace {
-// While alive, `block`'s training forward lists what its backward never reads in *out (undone
+// While alive, `block`'s training forward lists what its backward never reads in *out (unset
 // on the way out, whatever way that is).
 class UnusedListing {
  public:
-  UnusedListing(Block& block, std::vector<kernels::FloatSpan>* out) : block_(block), previous_(block.listing_unused()) {
-    block_.list_unused(out);
-  }
-  ~UnusedListing() { block_.list_unused(previous_); }
+  UnusedListing(Block& block, std::vector<kernels::FloatSpan>* out) : block_(block) { block_.list_unused(out); }
+  ~UnusedListing() { block_.list_unused(nullptr); }
   UnusedListing(const UnusedListing&) = delete;
   UnusedListing& operator=(const UnusedListing&) = delete;
 
  private:
   Block& block_;
-  std::vector<kernels::FloatSpan>* previous_;
 };
 }  // namespace
 

@@ -52,7 +52,6 @@ class Block {
   // While set, the training forward lists here what its backward never reads: each sublayer's
   // output once added into the residual stream (bf16 packing drops them).
   void list_unused(std::vector<kernels::FloatSpan>* out) { unused_ = out; }
-  std::vector<kernels::FloatSpan>* listing_unused() const { return unused_; }
 
  private:
   float* backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,

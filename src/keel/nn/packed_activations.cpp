@@ -28,10 +28,13 @@ std::vector<kernels::FloatSpan> inside(std::vector<kernels::FloatSpan> spans, co
 // One piece between its place in the forward's layout (`from`) and in the compacted one (`to`,
 // never above `from`). Where the two places overlap, one thread moves it in the order that reads
 // every value before overwriting it (pack_bf16, unpack_bf16, memmove); where they do not, which
-// is most of a stretch (the gap grows with every bf16 piece before), the threads split it.
+// is most of a stretch (the gap grows with every bf16 piece before), the threads split it. A
+// dropped piece (nothing stored) does not move.
 template <bool Pack, class P>
-void move_piece(char* base, const P& p, bool bf16) {
-  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+void move_piece(char* base, const P& p) {
+  if (p.stored == 0) return;
+  const size_t elem = p.stored;
+  const bool bf16 = elem == sizeof(uint16_t);
   const bool overlap = p.to + static_cast<size_t>(p.count) * elem > p.from;
   auto run = [&](int64_t i0, int64_t i1) {
     char* wide = base + p.from + static_cast<size_t>(i0) * sizeof(float);
@@ -95,23 +98,21 @@ void PackedActivations::pack(size_t block, Arena& arena, const Arena::Mark& sinc
     const int64_t count = cuts[c + 1] - at;
     while (r < rounded.size() && rounded[r].data + rounded[r].count <= at) ++r;
     while (d < dropped.size() && dropped[d].data + dropped[d].count <= at) ++d;
-    const Kept kept = d < dropped.size() && dropped[d].data <= at   ? Kept::Dropped
-                      : r < rounded.size() && rounded[r].data <= at ? Kept::Bf16
-                                                                    : Kept::Fp32;
+    const size_t stored = d < dropped.size() && dropped[d].data <= at   ? 0
+                          : r < rounded.size() && rounded[r].data <= at ? sizeof(uint16_t)
+                                                                        : sizeof(float);
     const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-    if (kept == Kept::Bf16) packed_fp32_bytes_ += bytes;
-    if (kept == Kept::Dropped) dropped_bytes_ += bytes;
-    if (!st.pieces.empty() && st.pieces.back().kept == kept) {
+    if (stored == sizeof(uint16_t)) packed_fp32_bytes_ += bytes;
+    if (stored == 0) dropped_bytes_ += bytes;
+    if (!st.pieces.empty() && st.pieces.back().stored == stored) {
       st.pieces.back().count += count;  // the same kind again, right after the last piece
     } else {
-      st.pieces.push_back({static_cast<size_t>(reinterpret_cast<const char*>(at) - st.base), to, count, kept});
+      st.pieces.push_back({static_cast<size_t>(reinterpret_cast<const char*>(at) - st.base), to, count, stored});
     }
-    to += kept == Kept::Dropped ? 0 : static_cast<size_t>(count) * (kept == Kept::Bf16 ? sizeof(uint16_t) : sizeof(float));
+    to += static_cast<size_t>(count) * stored;
   }
   // Front to back: each piece moves down (to <= from), never onto a piece not yet moved.
-  for (const Piece& p : st.pieces) {
-    if (p.kept != Kept::Dropped) move_piece<true>(st.base, p, p.kept == Kept::Bf16);
-  }
+  for (const Piece& p : st.pieces) move_piece<true>(st.base, p);
   compacted_bytes_ += to;
   // Stretches in an older arena block need no reserve: nothing is allocated there any more.
   reach_ = reach_block_ == since.blocks ? std::max<const char*>(reach_, st.base + st.bytes) : st.base + st.bytes;
@@ -127,13 +128,11 @@ void PackedActivations::reserve(Arena& arena) const {
 void PackedActivations::unpack(size_t block) {
   Stretch& st = stretches_[block];
   // Back to front: each piece moves up (from >= to), never onto a piece not yet moved.
-  for (auto p = st.pieces.rbegin(); p != st.pieces.rend(); ++p) {
-    if (p->kept != Kept::Dropped) move_piece<false>(st.base, *p, p->kept == Kept::Bf16);
-  }
+  for (auto p = st.pieces.rbegin(); p != st.pieces.rend(); ++p) move_piece<false>(st.base, *p);
   // Dropped tensors come back as NaN, not as whatever lay there: a tensor declared unused that
   // the backward does read poisons the gradients at once (about 0.3% of a step).
   for (const Piece& p : st.pieces) {
-    if (p.kept == Kept::Dropped) {
+    if (p.stored == 0) {
       float* x = reinterpret_cast<float*>(st.base + p.from);
       std::fill(x, x + p.count, std::numeric_limits<float>::quiet_NaN());
     }

@@ -47,11 +47,10 @@ class PackedActivations {
   size_t compacted_bytes() const { return compacted_bytes_; }
 
  private:
-  enum class Kept { Fp32, Bf16, Dropped };
   struct Piece {
     size_t from, to;  // byte offsets in the stretch before and after compaction
     int64_t count;    // floats
-    Kept kept;
+    size_t stored;    // bytes a value takes in the compacted copy: 4 (fp32), 2 (bf16), 0 (dropped)
   };
   struct Stretch {
     char* base = nullptr;
