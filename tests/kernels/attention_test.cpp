@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -214,6 +215,52 @@ TEST(AttentionKernel, GradientsGqa2Softcap) { check_gradients(dims(2, 9, 4, 2, 2
 TEST(AttentionKernel, GradientsSlidingWindowAcrossBlocks) { check_gradients(windowed(dims(1, 140, 4, 2, 16, 12, 0.f), 70), 16); }
 TEST(AttentionKernel, GradientsSlidingWindowNarrowSoftcap) { check_gradients(windowed(dims(2, 9, 2, 1, 8, 8, 2.f), 3), 17); }
 TEST(AttentionKernel, GradientsSlidingWindowOne) { check_gradients(windowed(dims(1, 6, 2, 2, 8, 8, 0.f), 1), 18); }
+
+// q, k and v as column blocks of one row [q | k | v | pad] (GPT-2's c_attn output, read in
+// place): forward and backward equal the dense layout's, the reference agrees with strides too,
+// and the backward writes dq, dk, dv into the same columns, leaving the padding untouched.
+TEST(AttentionKernel, InterleavedRowsMatchDenseLayout) {
+  for (const AttentionDims& dense : {dims(2, 150, 4, 4, 24, 16, 0.f), dims(1, 70, 4, 2, 24, 16, 1.5f)}) {
+    const Inputs in = make_inputs(dense, 31, 1.5f);
+    const int64_t n = dense.batch * dense.seq, qw = dense.heads * dense.qk_dim;
+    const int64_t kw = dense.kv_heads * dense.qk_dim, vw = dense.kv_heads * dense.v_dim, row = qw + kw + vw + 5;
+    std::vector<float> rows(size_t(n * row), 7.f);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(in.q.begin() + t * qw, qw, rows.begin() + t * row);
+      std::copy_n(in.k.begin() + t * kw, kw, rows.begin() + t * row + qw);
+      std::copy_n(in.v.begin() + t * vw, vw, rows.begin() + t * row + qw + kw);
+    }
+    AttentionDims strided = dense;
+    strided.q_stride = strided.k_stride = strided.v_stride = row;
+    const float *q = rows.data(), *k = q + qw, *v = k + kw;
+    const size_t out_n = size_t(n * dense.heads * dense.v_dim), lse_n = size_t(n * dense.heads);
+    std::vector<float> out(out_n), out_s(out_n), out_ref(out_n), lse(lse_n), lse_s(lse_n), lse_ref(lse_n);
+    std::vector<float> mx(size_t(dense.heads)), mx_s = mx, mx_ref = mx;
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), dense);
+    attention_forward(q, k, v, out_s.data(), lse_s.data(), mx_s.data(), strided);
+    attention_reference_forward(q, k, v, out_ref.data(), lse_ref.data(), mx_ref.data(), strided);
+    for (size_t i = 0; i < out_n; ++i) {
+      ASSERT_NEAR(out_s[i], out[i], 1e-6 * (1 + std::abs(out[i]))) << "out " << i;
+      ASSERT_NEAR(out_s[i], out_ref[i], 2e-5) << "out vs reference " << i;
+    }
+    for (size_t i = 0; i < lse_n; ++i) ASSERT_NEAR(lse_s[i], lse[i], 1e-6 * (1 + std::abs(lse[i])));
+    for (size_t h = 0; h < mx.size(); ++h) ASSERT_NEAR(mx_s[h], mx_ref[h], 1e-5 * (1 + std::abs(mx_ref[h])));
+
+    const auto g = random_vector(out_n, 37);
+    std::vector<float> dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), drows(rows.size(), 0.5f);
+    attention_backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(),
+                       dv.data(), dense);
+    attention_backward(q, k, v, out_s.data(), lse_s.data(), g.data(), drows.data(), drows.data() + qw,
+                       drows.data() + qw + kw, strided);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* r = drows.data() + t * row;
+      for (int64_t c = 0; c < qw; ++c) ASSERT_NEAR(r[c] - 0.5f, dq[size_t(t * qw + c)], 1e-5) << "dq " << t << "," << c;
+      for (int64_t c = 0; c < kw; ++c) ASSERT_NEAR(r[qw + c] - 0.5f, dk[size_t(t * kw + c)], 1e-5) << "dk " << t;
+      for (int64_t c = 0; c < vw; ++c) ASSERT_NEAR(r[qw + kw + c] - 0.5f, dv[size_t(t * vw + c)], 1e-5) << "dv " << t;
+      for (int64_t c = qw + kw + vw; c < row; ++c) ASSERT_EQ(r[c], 0.5f) << "padding " << t;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace keel::kernels

@@ -37,6 +37,7 @@ int64_t first_key(const AttentionDims& d, int64_t pos) {
 void decode_step(const float* q, const float* k, const float* v, float* out, float* lse, float* max_logit,
                  const AttentionDims& d) {
   const int64_t H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim, keys = d.q_offset + 1;
+  const int64_t qs = d.q_stride > 0 ? d.q_stride : H * Dk;
   const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   const int64_t group = H / Hkv, tasks = d.batch * H;
   const float cap = d.softcap;
@@ -47,7 +48,7 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / H, h = task % H, kvh = h / group;
-      const float* qv = q + task * Dk;
+      const float* qv = q + b * qs + h * Dk;
       const float* kb = k + b * keys * ks + kvh * Dk;
       const float* vb = v + b * keys * vs + kvh * Dv;
       const int64_t j0 = first_key(d, keys - 1);
@@ -98,6 +99,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   check_dims(d);
   const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
   const int64_t P = d.q_offset, Tk = P + T;  // cached positions before the queries, key rows
+  const int64_t qs = d.q_stride > 0 ? d.q_stride : H * Dk;
   const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   const int64_t group = H / Hkv, q_blocks = (T + kBq - 1) / kBq;
   const int64_t tasks = d.batch * H * q_blocks;
@@ -117,7 +119,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       const int64_t qb = q_blocks - 1 - task % q_blocks, bh = task / q_blocks;
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
       const int64_t q0 = qb * kBq, nq = std::min(kBq, T - q0);
-      const float* qrow = q + ((b * T + q0) * H + h) * Dk;
+      const float* qrow = q + (b * T + q0) * qs + h * Dk;
       const float* kbase = k + b * Tk * ks + kvh * Dk;
       const float* vbase = v + b * Tk * vs + kvh * Dv;
       std::fill(o.begin(), o.end(), 0.f);
@@ -127,7 +129,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       // The window's band starts at the block's first query's first key.
       for (int64_t k0 = first_key(d, P + q0) / kBk * kBk; k0 < P + q0 + nq; k0 += kBk) {
         const int64_t nk = std::min(kBk, P + q0 + nq - k0);
-        gemm(false, true, nq, nk, Dk, 1.f, qrow, H * Dk, kbase + k0 * ks, ks, 0.f, s.data(), kBk);
+        gemm(false, true, nq, nk, Dk, 1.f, qrow, qs, kbase + k0 * ks, ks, 0.f, s.data(), kBk);
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
           const int64_t lo = std::max<int64_t>(0, first_key(d, P + q0 + i) - k0);  // window
@@ -187,8 +189,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Attention);
   check_dims(d);
-  KEEL_CHECK(d.q_offset == 0 && d.k_stride == 0 && d.v_stride == 0);  // training shapes only
+  KEEL_CHECK(d.q_offset == 0);  // training shapes only
   const int64_t B = d.batch, T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim;
+  const int64_t qs = d.q_stride > 0 ? d.q_stride : H * Dk;
+  const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   const int64_t group = H / Hkv;
   const float cap = d.softcap;
 
@@ -214,8 +218,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Hkv; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
-      const float* kbase = k + (b * T * Hkv + kvh) * Dk;
-      const float* vbase = v + (b * T * Hkv + kvh) * Dv;
+      const float* kbase = k + b * T * ks + kvh * Dk;
+      const float* vbase = v + b * T * vs + kvh * Dv;
       for (int64_t k0 = 0; k0 < T; k0 += kBk) {
         const int64_t nk = std::min(kBk, T - k0);
         std::fill(dkb.begin(), dkb.end(), 0.f);
@@ -226,12 +230,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
           const int64_t q_end = d.window > 0 ? std::min(T, k0 + nk - 1 + d.window) : T;
           for (int64_t q0 = (k0 / kBq) * kBq; q0 < q_end; q0 += kBq) {
             const int64_t nq = std::min(kBq, T - q0);
-            const float* qrow = q + ((b * T + q0) * H + h) * Dk;
+            const float* qrow = q + (b * T + q0) * qs + h * Dk;
             const float* grow = dout + ((b * T + q0) * H + h) * Dv;
             const float* lse_r = lse + (b * H + h) * T + q0;
             const float* delta_r = delta.data() + (b * H + h) * T + q0;
-            gemm(false, true, nq, nk, Dk, 1.f, qrow, H * Dk, kbase + k0 * Hkv * Dk, Hkv * Dk, 0.f, p.data(), kBk);  // q·k
-            gemm(false, true, nq, nk, Dv, 1.f, grow, H * Dv, vbase + k0 * Hkv * Dv, Hkv * Dv, 0.f, ds.data(), kBk);  // dP
+            gemm(false, true, nq, nk, Dk, 1.f, qrow, qs, kbase + k0 * ks, ks, 0.f, p.data(), kBk);  // q·k
+            gemm(false, true, nq, nk, Dv, 1.f, grow, H * Dv, vbase + k0 * vs, vs, 0.f, ds.data(), kBk);  // dP
             for (int64_t i = 0; i < nq; ++i) {
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
               const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
@@ -257,15 +261,15 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             }
             // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk: three small GEMMs on this
             // thread over the whole block (masked entries of P and dS are 0).
-            float* dq_rows = dq + ((b * T + q0) * H + h) * Dk;
+            float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
             gemm(true, false, nk, Dv, nq, 1.f, p.data(), kBk, grow, H * Dv, 1.f, dvb.data(), Dv);
-            gemm(true, false, nk, Dk, nq, 1.f, ds.data(), kBk, qrow, H * Dk, 1.f, dkb.data(), Dk);
-            gemm(false, false, nq, Dk, nk, 1.f, ds.data(), kBk, kbase + k0 * Hkv * Dk, Hkv * Dk, 1.f, dq_rows, H * Dk);
+            gemm(true, false, nk, Dk, nq, 1.f, ds.data(), kBk, qrow, qs, 1.f, dkb.data(), Dk);
+            gemm(false, false, nq, Dk, nk, 1.f, ds.data(), kBk, kbase + k0 * ks, ks, 1.f, dq_rows, qs);
           }
         }
         for (int64_t j = 0; j < nk; ++j) {
-          float* dkr = dk + ((b * T + k0 + j) * Hkv + kvh) * Dk;
-          float* dvr = dv + ((b * T + k0 + j) * Hkv + kvh) * Dv;
+          float* dkr = dk + (b * T + k0 + j) * ks + kvh * Dk;
+          float* dvr = dv + (b * T + k0 + j) * vs + kvh * Dv;
           for (int64_t c = 0; c < Dk; ++c) dkr[c] += dkb[size_t(j * Dk + c)];
           for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvb[size_t(j * Dv + c)];
         }
@@ -280,13 +284,14 @@ void attention_reference_forward(const float* q, const float* k, const float* v,
   check_dims(d);
   const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim, group = H / Hkv;
   const int64_t P = d.q_offset, Tk = P + T;
+  const int64_t qs = d.q_stride > 0 ? d.q_stride : H * Dk;
   const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   std::vector<double> z(static_cast<size_t>(Tk));
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / group;
       for (int64_t t = 0; t < T; ++t) {
-        const float* qt = q + ((b * T + t) * H + h) * Dk;
+        const float* qt = q + (b * T + t) * qs + h * Dk;
         const int64_t last = P + t;  // the query's own position
         const int64_t first = d.window > 0 ? std::max<int64_t>(0, last - d.window + 1) : 0;
         double zmax = -std::numeric_limits<double>::infinity();

@@ -12,9 +12,12 @@ struct AttentionDims {
   // q_offset.., the keys and values hold q_offset + seq rows per sequence (a KV cache), and
   // query i attends to keys 0..q_offset + i.
   int64_t q_offset = 0;
-  // Floats between consecutive key (value) rows; 0: kv_heads·qk_dim (kv_heads·v_dim), dense.
-  // MLA's absorbed decoding reads values from the first v_dim floats of each key row.
-  int64_t k_stride = 0, v_stride = 0;
+  // Floats between consecutive query (key, value) rows; 0: heads·qk_dim (kv_heads·qk_dim,
+  // kv_heads·v_dim), dense. MLA's absorbed decoding reads values from the first v_dim floats of
+  // each key row; GPT-2's q, k and v are column blocks of one (tokens, 3·hidden) product, so one
+  // GEMM computes them and one GEMM each takes their gradients back (the backward writes dq, dk
+  // and dv with the rows of q, k and v).
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   // > 0: sliding-window (local) attention; the query at position p sees keys u with
   // 0 <= p - u < window, the W most recent positions including its own (HF's sliding_window
   // mask in Mistral, Gemma 2/3, gpt-oss). Blocks wholly outside the band are never computed.
@@ -29,7 +32,8 @@ struct AttentionDims {
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, float* max_logit,
                        const AttentionDims& d);
 
-// Accumulates dq += ∂L/∂q, dk += ∂L/∂k, dv += ∂L/∂v (q_offset 0, dense rows). Scores are recomputed block by block from q,
+// Accumulates dq += ∂L/∂q, dk += ∂L/∂k, dv += ∂L/∂v (q_offset 0; dq, dk, dv have the row
+// strides of q, k, v; out and dout are dense). Scores are recomputed block by block from q,
 // k and lse (FlashAttention-2, Algorithm 2).
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d);

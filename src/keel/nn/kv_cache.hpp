@@ -27,15 +27,12 @@ class KvCache {
   // Appends n rows (values ignored when value_width is 0). Grows by doubling, so a short
   // generation never allocates the whole context. A windowed cache first drops all but the
   // newest window - 1 rows once it holds 2·window: the new queries see no older key.
-  void append(const float* keys, const float* values, int64_t n) {
+  // key_stride / value_stride: floats between the source rows (0: dense, the row width).
+  void append(const float* keys, const float* values, int64_t n, int64_t key_stride = 0, int64_t value_stride = 0) {
     if (window_ > 0 && rows_ + n > 2 * window_ && rows_ > window_ - 1) drop_oldest(rows_ - (window_ - 1));
     KEEL_CHECK(rows_ + n <= max_rows_);
-    reserve(keys_, rows_ + n, key_width_);
-    std::memcpy(keys_.data() + rows_ * key_width_, keys, sizeof(float) * static_cast<size_t>(n * key_width_));
-    if (value_width_ > 0) {
-      reserve(values_, rows_ + n, value_width_);
-      std::memcpy(values_.data() + rows_ * value_width_, values, sizeof(float) * static_cast<size_t>(n * value_width_));
-    }
+    copy_rows(keys_, keys, n, key_width_, key_stride > 0 ? key_stride : key_width_);
+    if (value_width_ > 0) copy_rows(values_, values, n, value_width_, value_stride > 0 ? value_stride : value_width_);
     rows_ += n;
   }
   void clear() {
@@ -61,6 +58,17 @@ class KvCache {
     const int64_t have = static_cast<int64_t>(buf.size()) / std::max<int64_t>(width, 1);
     const int64_t grown = std::min(max_rows_, std::max({rows, 2 * have, int64_t{16}}));
     buf.resize(static_cast<size_t>(grown * width));
+  }
+
+  void copy_rows(std::vector<float>& buf, const float* src, int64_t n, int64_t width, int64_t stride) {
+    KEEL_CHECK(src != nullptr);
+    reserve(buf, rows_ + n, width);
+    float* dst = buf.data() + rows_ * width;
+    if (stride == width) {
+      std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n * width));
+      return;
+    }
+    for (int64_t r = 0; r < n; ++r) std::memcpy(dst + r * width, src + r * stride, sizeof(float) * static_cast<size_t>(width));
   }
 
   void drop_oldest(int64_t n) {

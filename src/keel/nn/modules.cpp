@@ -149,7 +149,18 @@ Attention::Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t
 kernels::AttentionDims Attention::dims(const StepShape& s) const {
   kernels::AttentionDims d{s.batch, s.seq, heads_, kv_heads_, head_dim_, head_dim_, scale_, softcap_};
   d.window = window_;
+  if (layout_ == arch::ProjectionLayout::Gpt2Conv1D) d.q_stride = d.k_stride = d.v_stride = 3 * hidden_;  // project()
   return d;
+}
+
+void Attention::round_inputs(const Inputs& in, int64_t n) const {
+  if (in.qkv != nullptr) {
+    kernels::round_activation(in.qkv, n * 3 * hidden_);
+    return;
+  }
+  kernels::round_activation(in.q, n * heads_ * head_dim_);
+  kernels::round_activation(in.k, n * kv_heads_ * head_dim_);
+  kernels::round_activation(in.v, n * kv_heads_ * head_dim_);
 }
 
 Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, const float* x,
@@ -157,24 +168,19 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   Inputs in;
+  if (layout_ == arch::ProjectionLayout::Gpt2Conv1D) {
+    // c_attn's (hidden, 3·hidden) weight holds [q | k | v] column blocks: one product gives
+    // rows of [q | k | v], which attention reads in place with a row stride of 3·hidden (dims()).
+    in.qkv = arena.alloc(static_cast<size_t>(n * 3 * hidden_));
+    kernels::linear_forward(x, store.data(w_qkv_), store.data(b_qkv_), in.qkv, n, hidden_, 3 * hidden_, true);
+    in.q = in.qkv;
+    in.k = in.qkv + hidden_;
+    in.v = in.qkv + 2 * hidden_;
+    return in;
+  }
   in.q = arena.alloc(static_cast<size_t>(n * q_out));
   in.k = arena.alloc(static_cast<size_t>(n * kv_out));
   in.v = arena.alloc(static_cast<size_t>(n * kv_out));
-  switch (layout_) {
-    case arch::ProjectionLayout::Gpt2Conv1D: {
-      // c_attn's (hidden, 3·hidden) weight holds [q | k | v] column blocks: each is its own
-      // product over a column slice, straight into the layout attention reads.
-      const float* w = store.data(w_qkv_);
-      const float* b = store.data(b_qkv_);
-      float* dst[3] = {in.q, in.k, in.v};
-      for (int64_t p = 0; p < 3; ++p) {
-        kernels::linear_forward(x, w + p * hidden_, b + p * hidden_, dst[p], n, hidden_, hidden_, true, 3 * hidden_);
-      }
-      return in;
-    }
-    case arch::ProjectionLayout::Linear:
-      break;
-  }
   float* q_dst = in.q;
   float* k_dst = in.k;
   if (qk_norm_) {
@@ -222,14 +228,12 @@ const float* Attention::finish(const ParameterStore& store, Arena& arena, const 
 
 float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit) {
   const int64_t n = s.tokens();
-  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  const int64_t q_out = heads_ * head_dim_;
   x_ = x;
   saved_ = project(store, arena, x, s);
   // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
   // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
-  kernels::round_activation(saved_.q, n * q_out);
-  kernels::round_activation(saved_.k, n * kv_out);
-  kernels::round_activation(saved_.v, n * kv_out);
+  round_inputs(saved_, n);
   out_ = arena.alloc(static_cast<size_t>(n * q_out));
   lse_ = arena.alloc(static_cast<size_t>(s.batch * heads_ * s.seq));
   kernels::attention_forward(saved_.q, saved_.k, saved_.v, out_, lse_, max_logit, dims(s));
@@ -246,14 +250,13 @@ float* Attention::forward_incremental(const ParameterStore& store, Arena& arena,
   // Positions are absolute (RoPE); rows are what the cache still holds (a sliding layer drops
   // rows that left its window), and the kernel's causal and window masks count in rows.
   const StepShape s{1, n, cache.positions()};
-  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  const int64_t q_out = heads_ * head_dim_;
   Inputs in = project(store, arena, x, s);
-  kernels::round_activation(in.q, n * q_out);
-  kernels::round_activation(in.k, n * kv_out);
-  kernels::round_activation(in.v, n * kv_out);
-  cache.append(in.k, in.v, n);
+  round_inputs(in, n);
   kernels::AttentionDims d = dims(s);
+  cache.append(in.k, in.v, n, d.k_stride, d.v_stride);
   d.q_offset = cache.rows() - n;
+  d.k_stride = d.v_stride = 0;  // the cache's rows are dense
   float* out = arena.alloc(static_cast<size_t>(n * q_out));
   float* lse = arena.alloc(static_cast<size_t>(heads_ * n));
   float* max_logit = arena.alloc(static_cast<size_t>(heads_));
@@ -276,24 +279,22 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     output_gate_backward(out_, saved_.gate, d_out, d_attn, d_gate, n * q_out);
     d_out = d_attn;
   }
+  if (layout_ == arch::ProjectionLayout::Gpt2Conv1D) {
+    // dq, dk, dv land in rows of [dq | dk | dv], as q, k, v were read: c_attn's gradients are one
+    // product each.
+    float* dqkv = arena.alloc_zeroed(static_cast<size_t>(n * 3 * hidden_));
+    kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dqkv, dqkv + hidden_,
+                                dqkv + 2 * hidden_, dims(s));
+    kernels::linear_backward(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
+                             3 * hidden_, true);
+    return;
+  }
   float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dq, dk, dv, dims(s));
   if (sinks_.valid()) {
     kernels::attention_sink_backward(out_, lse_, store.data(sinks_), d_out, store.grad(sinks_), dims(s));
-  }
-  switch (layout_) {
-    case arch::ProjectionLayout::Gpt2Conv1D: {
-      const float* d[3] = {dq, dk, dv};
-      for (int64_t p = 0; p < 3; ++p) {
-        kernels::linear_backward(x_, store.data(w_qkv_) + p * hidden_, d[p], dx, store.grad(w_qkv_) + p * hidden_,
-                                 store.grad(b_qkv_) + p * hidden_, n, hidden_, hidden_, true, 3 * hidden_);
-      }
-      return;
-    }
-    case arch::ProjectionLayout::Linear:
-      break;
   }
   kernels::rope_backward(dq, *rope_, s.batch, s.seq, heads_, head_dim_);
   kernels::rope_backward(dk, *rope_, s.batch, s.seq, kv_heads_, head_dim_);

@@ -87,7 +87,10 @@ class Attention {
     float *q = nullptr, *k = nullptr, *v = nullptr, *q_raw = nullptr, *k_raw = nullptr;
     float *q_rstd = nullptr, *k_rstd = nullptr;
     float* gate = nullptr;  // the output gate's pre-sigmoid values (n, heads·head_dim)
+    float* qkv = nullptr;   // GPT-2: rows of [q | k | v] that q, k and v point into
   };
+  // round_activation of q, k and v (one span for GPT-2's interleaved rows).
+  void round_inputs(const Inputs& in, int64_t n) const;
   Inputs project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s) const;
   kernels::AttentionDims dims(const StepShape& s) const;
   float* output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const;
