@@ -279,6 +279,9 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     output_gate_backward(out_, saved_.gate, d_out, d_attn, d_gate, n * q_out);
     d_out = d_attn;
   }
+  if (sinks_.valid()) {
+    kernels::attention_sink_backward(out_, lse_, store.data(sinks_), d_out, store.grad(sinks_), dims(s));
+  }
   if (layout_ == arch::ProjectionLayout::Gpt2Conv1D) {
     // dq, dk, dv land in rows of [dq | dk | dv], as q, k, v were read: c_attn's gradients are one
     // product each.
@@ -293,9 +296,6 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dq, dk, dv, dims(s));
-  if (sinks_.valid()) {
-    kernels::attention_sink_backward(out_, lse_, store.data(sinks_), d_out, store.grad(sinks_), dims(s));
-  }
   kernels::rope_backward(dq, *rope_, s.batch, s.seq, heads_, head_dim_);
   kernels::rope_backward(dk, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
   const float* dq_proj = dq;
