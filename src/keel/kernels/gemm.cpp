@@ -169,7 +169,14 @@ T* scratch(std::vector<T>& buf, int64_t count) {
 
 bool bf16_gemm_native_available() {
 #if KEEL_GEMM_DNNL && defined(__x86_64__)
-  static const bool available = __builtin_cpu_supports("avx512bf16");
+  // The CPU must have the instructions and oneDNN must be allowed to use them: ONEDNN_MAX_CPU_ISA
+  // (say AVX2, to see what a CPU without AVX-512 does) caps the ISA its kernels may use, and its
+  // bf16 gemm then refuses to run rather than fall back.
+  static const bool available = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+    return __builtin_cpu_supports("avx512bf16") && (isa & bf16) == bf16;
+  }();
   return available;
 #else
   return false;
