@@ -52,6 +52,35 @@ void backend_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 
 }  // namespace
 
+namespace {
+
+std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
+
+bool backend_lacks_avx512() {
+#if KEEL_GEMM_DNNL
+  // The ISA oneDNN's kernels use: the CPU's, or less under ONEDNN_MAX_CPU_ISA.
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+  return (isa & avx512) != avx512;
+#else
+  return false;  // not measured with OpenBLAS
+#endif
+}
+
+}  // namespace
+
+void set_pad_aliased_b(PadAliasedB mode) { pad_aliased_b_mode.store(static_cast<int>(mode)); }
+
+bool gemm_pads_aliased_b() {
+  static const bool automatic = backend_lacks_avx512();
+  switch (static_cast<PadAliasedB>(pad_aliased_b_mode.load(std::memory_order_relaxed))) {
+    case PadAliasedB::Always: return true;
+    case PadAliasedB::Never: return false;
+    case PadAliasedB::Auto: break;
+  }
+  return automatic;
+}
+
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
   GemmPanels p{std::min(m, kGemmPanelRows), std::min(n, kGemmPanelCols)};
   auto count = [&] { return ((m + p.rows - 1) / p.rows) * ((n + p.cols - 1) / p.cols); };
@@ -120,17 +149,48 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
     return;
   }
+  // B untransposed with a row stride of a multiple of 4 KiB (a Conv1D weight 1,024 or 3,072
+  // wide, or such an activation's gradient as the B of a weight gradient xᵀ·dy): the k rows the
+  // backend packs for each panel then share a few L1 sets. With oneDNN's AVX2 kernels (Zen 4
+  // capped at AVX2), GPT-2's c_fc forward and weight gradient ran at 79-91 GFLOP/s in a step
+  // against 145-200 for the other shapes, and at 150-164 with B padded; its AVX-512 kernels do
+  // not care (docs/performance.md, "AVX2 code"). Copy B once to a padded stride that every panel
+  // then reads; the copy is k·n floats against m·n·k multiply-adds, so only where m pays for it.
+  const float* b_source = b;
+  const int64_t b_source_ld = ldb;
+  const bool pad_b = !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && gemm_pads_aliased_b();
+  if (pad_b) {
+    thread_local std::vector<float> padded_b;
+    ldb = n + 16;
+    if (padded_b.size() < static_cast<size_t>(k * ldb)) {
+      padded_b = std::vector<float>();  // no copy of the old contents
+      padded_b.resize(static_cast<size_t>(k * ldb));
+    }
+    b = padded_b.data();
+  }
+  auto copy_b_rows = [&](int64_t r) {
+    std::memcpy(const_cast<float*>(b) + r * ldb, b_source + r * b_source_ld, sizeof(float) * size_t(n));
+  };
   if (panels == 1) {
     // One panel runs on one thread too, so that the backend never picks a split of its own
     // that depends on the team size.
+    if (pad_b)
+      for (int64_t r = 0; r < k; ++r) copy_b_rows(r);
     const int team = omp_get_max_threads();
     omp_set_num_threads(1);
     run_panel(0);
     omp_set_num_threads(team);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
+#pragma omp parallel
+  {
+    if (pad_b) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < k; ++r) copy_b_rows(r);
+    }  // the for's barrier: B is whole before any panel reads it
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
+  }
 }
 
 namespace {

@@ -19,6 +19,14 @@ struct GemmPanels {
 };
 constexpr int64_t kGemmPanelRows = 256, kGemmPanelCols = 1024, kGemmMinPanels = 8;
 constexpr double kGemmPanelMinFlops = 2e6;  // no panel is made smaller than this
+// An untransposed B whose row stride is a multiple of kGemmAliasedStride floats (4 KiB) is first
+// copied to a padded stride when C has at least kGemmPadBMinRows rows (gemm.cpp says why).
+// Auto does so where the backend's kernels were measured to need it (oneDNN below AVX-512);
+// tests force Always or Never to check both layouts give the same C.
+constexpr int64_t kGemmAliasedStride = 1024, kGemmPadBMinRows = 128;
+enum class PadAliasedB { Auto, Always, Never };
+void set_pad_aliased_b(PadAliasedB mode);
+bool gemm_pads_aliased_b();
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k);
 
 // Same contract as gemm; a triple loop accumulating in double. For tests only.
