@@ -1,7 +1,8 @@
 #pragma once
 // Branch-free exp and tanh that GCC/Clang auto-vectorize inside `omp simd` loops (the libm
 // calls do not without -ffast-math). Used by the attention and cross-entropy inner loops, where
-// one exp per score would otherwise cost more than the dot product that produced it.
+// one exp per score would otherwise cost more than the dot product that produced it. On AVX2 the
+// clamp and the select vectorize only under -fno-trapping-math (CMakeLists.txt says why).
 #include <bit>
 #include <cstdint>
 
