@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (set up, prepare the Brown corpus, train a small
 # Qwen3-style model, evaluate, generate) and `make test` (build and pass every test). Both
 # install their own dependencies first.
-.PHONY: deps build data demo test asan fuzz bench clean
+.PHONY: deps build data demo test asan avx2 fuzz bench clean
 
 PRESET ?= release
 BUILD := build/$(PRESET)
@@ -26,6 +26,11 @@ test: build
 
 asan:
 	$(MAKE) test PRESET=asan
+
+# The tests as an AVX2-only CPU runs them (GCC's AVX2 code, oneDNN capped at AVX2), on any
+# x86-64-v3 machine: docs/performance.md, "AVX2 code".
+avx2:
+	$(MAKE) test PRESET=avx2
 
 fuzz: deps
 	bash scripts/fuzz.sh 60
