@@ -147,9 +147,12 @@ TEST_F(ModelCli, PrecisionFlag) {
   EXPECT_LE(std::fabs(l16_portable - l16) / l16, 1e-4);
   // ONEDNN_MAX_CPU_ISA caps the instructions oneDNN may use; below AVX512-BF16 its bf16 gemm
   // would refuse to run, so keel takes the portable path (a crash here before).
+  const char* isa_cap = std::getenv("ONEDNN_MAX_CPU_ISA");  // the avx2 test preset sets it
+  const std::string saved_cap = isa_cap != nullptr ? isa_cap : "";
   ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
   const double l16_capped = loss("bf16");
-  ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  if (isa_cap != nullptr) ::setenv("ONEDNN_MAX_CPU_ISA", saved_cap.c_str(), 1);
+  else ::unsetenv("ONEDNN_MAX_CPU_ISA");
   EXPECT_LE(std::fabs(l16_capped - l16) / l16, 1e-4);
   for (const char* p : {"fp32", "bf16"}) {
     auto g = run_keel("grad --model " + path("m") + " --tokens " + tokens + " --precision " + p + " --out " +

@@ -104,7 +104,8 @@ TEST(GemmKernel, PaddedAliasedBMatchesReference) {
   };
   const Case cases[] = {{false, 512, 1024, 96, 1024, 0.f},
                         {true, 256, 1000, 300, 2048, 1.f},
-                        {false, 130, 64, 40, 1024, 0.5f}};
+                        {false, 130, 64, 40, 1024, 0.5f},
+                        {false, 200, 1008, 48, 2048, 0.f}};  // n + 16 would alias again
   const int saved = omp_get_max_threads();
   for (const Case& cs : cases) {
     const int64_t lda = cs.ta ? cs.m : cs.k, ldc = cs.n;

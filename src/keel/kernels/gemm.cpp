@@ -57,13 +57,13 @@ namespace {
 std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
 
 bool backend_lacks_avx512() {
-#if KEEL_GEMM_DNNL
+#if KEEL_GEMM_DNNL && defined(__x86_64__)
   // The ISA oneDNN's kernels use: the CPU's, or less under ONEDNN_MAX_CPU_ISA.
   const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const unsigned avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
   return (isa & avx512) != avx512;
 #else
-  return false;  // not measured with OpenBLAS
+  return false;  // not measured with OpenBLAS or off x86
 #endif
 }
 
@@ -159,14 +159,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const float* b_source = b;
   const int64_t b_source_ld = ldb;
   const bool pad_b = !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && gemm_pads_aliased_b();
+  // A weight gradient's B has a row per token: kept per thread up to 32 MiB, and beyond that
+  // allocated for this call only, so a long-sequence step does not hold a token-sized copy.
+  thread_local std::vector<float> kept_padded_b;
+  std::vector<float> call_padded_b;
   if (pad_b) {
-    thread_local std::vector<float> padded_b;
-    ldb = n + 16;
-    if (padded_b.size() < static_cast<size_t>(k * ldb)) {
-      padded_b = std::vector<float>();  // no copy of the old contents
-      padded_b.resize(static_cast<size_t>(k * ldb));
+    ldb = (n + 15) / 16 * 16 + 16;  // 64-byte rows, off the aliasing stride
+    if (ldb % kGemmAliasedStride == 0) ldb += 16;
+    const size_t need = static_cast<size_t>(k * ldb);
+    std::vector<float>& buffer = need <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b;
+    if (buffer.size() < need) {
+      buffer = std::vector<float>();  // no copy of the old contents
+      buffer.resize(need);
     }
-    b = padded_b.data();
+    b = buffer.data();
   }
   auto copy_b_rows = [&](int64_t r) {
     std::memcpy(const_cast<float*>(b) + r * ldb, b_source + r * b_source_ld, sizeof(float) * size_t(n));
@@ -251,7 +257,15 @@ void force_portable_bf16_gemm(bool portable) { force_portable.store(portable); }
 
 std::string bf16_emulation_note() {
   if (bf16_gemm_path() == Bf16GemmPath::Native) return "";
-  return std::string(bf16_gemm_native_available() ? "KEEL_BF16_GEMM=portable" : "this CPU has no AVX512-BF16") +
+#if defined(__x86_64__)
+  const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
+#else
+  const bool cpu_has_bf16 = false;
+#endif
+  const char* why = bf16_gemm_native_available() ? "KEEL_BF16_GEMM=portable"
+                    : cpu_has_bf16               ? "ONEDNN_MAX_CPU_ISA caps oneDNN below AVX512-BF16"
+                                                 : "this CPU has no AVX512-BF16";
+  return std::string(why) +
          ": bf16 matmuls are emulated (operands rounded to bf16, then fp32 GEMMs), which gives bf16's numerics and "
          "its activation memory (saved activations packed as bf16: 28-45% less) but no speed (about 0.9x fp32 "
          "tokens/s); use precision = \"fp32\" for speed (docs/precision.md)";

@@ -24,6 +24,7 @@ constexpr double kGemmPanelMinFlops = 2e6;  // no panel is made smaller than thi
 // Auto does so where the backend's kernels were measured to need it (oneDNN below AVX-512);
 // tests force Always or Never to check both layouts give the same C.
 constexpr int64_t kGemmAliasedStride = 1024, kGemmPadBMinRows = 128;
+constexpr size_t kGemmKeptPaddedB = size_t(8) << 20;  // floats of padded B a thread keeps between calls
 enum class PadAliasedB { Auto, Always, Never };
 void set_pad_aliased_b(PadAliasedB mode);
 bool gemm_pads_aliased_b();
