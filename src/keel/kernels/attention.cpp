@@ -7,15 +7,18 @@
 #include <vector>
 
 #include "keel/core/error.hpp"
+#include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/fast_math.hpp"
-#include "keel/kernels/gemm.hpp"
 
 namespace keel::kernels {
 
 namespace {
 
 // Query rows and keys per block: 64×64 fp32 scores (16 KiB) stay in L1/L2. Every product of
-// blocks (Q·Kᵀ, P·V and the backward's five) is a small GEMM run on the thread that owns the task.
+// blocks (Q·Kᵀ, P·V and the backward's five) is a block_gemm on the thread that owns the task.
+// Its B operand is always untransposed, so the Kᵀ and Vᵀ of the products Q·Kᵀ and dO·Vᵀ are packed
+// once per key block; K, V, Q and dO blocks read as B are copied contiguous as well, since their
+// row strides (heads·width, 3·hidden) are often multiples of 4 KiB, whose rows share L1 sets.
 constexpr int64_t kBq = 64;
 constexpr int64_t kBk = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -29,6 +32,19 @@ void check_dims(const AttentionDims& d) {
 // The first key position the query at `pos` sees (0 without a window).
 int64_t first_key(const AttentionDims& d, int64_t pos) {
   return d.window > 0 ? std::max<int64_t>(0, pos - d.window + 1) : 0;
+}
+
+// rows × cols at stride ld -> out: (cols, kBk) contiguous, the transpose; columns from `rows` to
+// kBk are zero, so a ragged last key block multiplies as a full one would.
+void pack_transposed(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out) {
+  transpose_block(x, rows, cols, ld, out, kBk);
+  if (rows < kBk)
+    for (int64_t c = 0; c < cols; ++c) std::fill(out + c * kBk + rows, out + (c + 1) * kBk, 0.f);
+}
+
+// rows × cols at stride ld -> out: (rows, cols) contiguous.
+void pack_rows(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * ld, x + r * ld + cols, out + r * cols);
 }
 
 // One query per sequence (a decoding step over a cache of P + 1 keys): the scores of a head are
@@ -103,15 +119,34 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   const int64_t group = H / Hkv, q_blocks = (T + kBq - 1) / kBq;
   const int64_t tasks = d.batch * H * q_blocks;
-  const float cap = d.softcap;
+  const float cap = d.softcap, scale = d.scale;  // locals: a store to the scores cannot alias them
   std::vector<float> task_max(size_t(tasks), kNegInf);
   if (T == 1) {
     decode_step(q, k, v, out, lse, max_logit, d);
     return;
   }
 
+  // Kᵀ and V of every (sequence, kv head, key block), packed once for all the query blocks and
+  // heads that read them: Kᵀ blocks (Dk, kBk), V blocks (kBk, Dv).
+  const int64_t k_blocks = (Tk + kBk - 1) / kBk, kv_blocks = d.batch * Hkv * k_blocks;
+  const int64_t kt_floats = Dk * kBk, vb_floats = kBk * Dv;
+  // Kept between calls (grown, never cleared): a fresh allocation of this size each layer would
+  // be fresh pages each time, and their faults cost more than the packing.
+  // The calling thread's buffers; the team reads them through these pointers.
+  thread_local std::vector<float> kt_kept, vb_kept;
+  if (kt_kept.size() < size_t(kv_blocks * kt_floats)) kt_kept.resize(size_t(kv_blocks * kt_floats));
+  if (vb_kept.size() < size_t(kv_blocks * vb_floats)) vb_kept.resize(size_t(kv_blocks * vb_floats));
+  float* const kt = kt_kept.data();
+  float* const vb = vb_kept.data();
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < kv_blocks; ++blk) {
+      const int64_t b = blk / (Hkv * k_blocks), kvh = (blk / k_blocks) % Hkv, k0 = (blk % k_blocks) * kBk;
+      const int64_t nk = std::min(kBk, Tk - k0);
+      pack_transposed(k + (b * Tk + k0) * ks + kvh * Dk, nk, Dk, ks, kt + blk * kt_floats);
+      pack_rows(v + (b * Tk + k0) * vs + kvh * Dv, nk, Dv, vs, vb + blk * vb_floats);
+    }  // the for's barrier: every block is packed before any task reads one
     std::vector<float> s(size_t(kBq * kBk)), o(size_t(kBq * Dv)), m(kBq), l(kBq);
     // Largest query blocks (most keys) first, so the dynamic schedule ends balanced.
 #pragma omp for schedule(dynamic, 1)
@@ -120,8 +155,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
       const int64_t q0 = qb * kBq, nq = std::min(kBq, T - q0);
       const float* qrow = q + (b * T + q0) * qs + h * Dk;
-      const float* kbase = k + b * Tk * ks + kvh * Dk;
-      const float* vbase = v + b * Tk * vs + kvh * Dv;
+      const int64_t first_blk = (b * Hkv + kvh) * k_blocks;
       std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
@@ -129,7 +163,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       // The window's band starts at the block's first query's first key.
       for (int64_t k0 = first_key(d, P + q0) / kBk * kBk; k0 < P + q0 + nq; k0 += kBk) {
         const int64_t nk = std::min(kBk, P + q0 + nq - k0);
-        gemm(false, true, nq, nk, Dk, 1.f, qrow, qs, kbase + k0 * ks, ks, 0.f, s.data(), kBk);
+        const int64_t blk = first_blk + k0 / kBk;
+        block_gemm(false, nq, nk, Dk, qrow, qs, kt + blk * kt_floats, kBk, s.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
           const int64_t lo = std::max<int64_t>(0, first_key(d, P + q0 + i) - k0);  // window
@@ -141,7 +176,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           float rmax = kNegInf;
 #pragma omp simd reduction(max : rmax)
           for (int64_t j = lo; j < valid; ++j) {
-            sr[j] *= d.scale;
+            sr[j] *= scale;
             rmax = std::max(rmax, sr[j]);
           }
           tmax = std::max(tmax, rmax);
@@ -164,9 +199,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           if (corr != 1.f)
             for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr;
         }
-        // O += P·V over the block: one small GEMM on this thread (the rank-1 row updates it
-        // replaces loaded and stored O once per key).
-        gemm(false, false, nq, Dv, nk, 1.f, s.data(), kBk, vbase + k0 * vs, vs, 1.f, o.data(), Dv);
+        // O += P·V over the block (masked keys have P = 0).
+        block_gemm(false, nq, Dv, nk, s.data(), kBk, vb + blk * vb_floats, Dv, o.data(), Dv, true);
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -194,7 +228,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   const int64_t qs = d.q_stride > 0 ? d.q_stride : H * Dk;
   const int64_t ks = d.k_stride > 0 ? d.k_stride : Hkv * Dk, vs = d.v_stride > 0 ? d.v_stride : Hkv * Dv;
   const int64_t group = H / Hkv;
-  const float cap = d.softcap;
+  const float cap = d.softcap, scale = d.scale;
 
   // delta_t = Σ_c dout·out = Σ_j P_j·dP_j, the softmax-Jacobian term (FlashAttention-2, eq. in §3.1.2).
   std::vector<float> delta(size_t(B * H * T));
@@ -215,6 +249,9 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
     std::vector<float> dkb(size_t(kBk * Dk)), dvb(size_t(kBk * Dv));
+    // The key block as Kᵀ, Vᵀ and K rows, and the query block's Q and dO rows, all contiguous.
+    std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), kc(size_t(kBk * Dk));
+    std::vector<float> qc(size_t(kBq * Dk)), gc(size_t(kBq * Dv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Hkv; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
@@ -224,6 +261,9 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         const int64_t nk = std::min(kBk, T - k0);
         std::fill(dkb.begin(), dkb.end(), 0.f);
         std::fill(dvb.begin(), dvb.end(), 0.f);
+        pack_transposed(kbase + k0 * ks, nk, Dk, ks, kt.data());
+        pack_transposed(vbase + k0 * vs, nk, Dv, vs, vt.data());
+        pack_rows(kbase + k0 * ks, nk, Dk, ks, kc.data());
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           // Queries that see this key block: from its own block on, and without a window to the
           // end; with one, only until the block's last key drops out of the band.
@@ -234,8 +274,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             const float* grow = dout + ((b * T + q0) * H + h) * Dv;
             const float* lse_r = lse + (b * H + h) * T + q0;
             const float* delta_r = delta.data() + (b * H + h) * T + q0;
-            gemm(false, true, nq, nk, Dk, 1.f, qrow, qs, kbase + k0 * ks, ks, 0.f, p.data(), kBk);  // q·k
-            gemm(false, true, nq, nk, Dv, 1.f, grow, H * Dv, vbase + k0 * vs, vs, 0.f, ds.data(), kBk);  // dP
+            pack_rows(qrow, nq, Dk, qs, qc.data());
+            pack_rows(grow, nq, Dv, H * Dv, gc.data());
+            block_gemm(false, nq, nk, Dk, qc.data(), Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
+            block_gemm(false, nq, nk, Dv, gc.data(), Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
             for (int64_t i = 0; i < nq; ++i) {
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
               const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
@@ -246,12 +288,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               // P = exp(z - lse) with z the (capped) logit; dS = P·(dP - delta)·∂z/∂(q·k).
 #pragma omp simd
               for (int64_t j = lo; j < valid; ++j) {
-                const float sc = pr[j] * d.scale;
-                float z = sc, dz = d.scale;
+                const float sc = pr[j] * scale;
+                float z = sc, dz = scale;
                 if (cap > 0.f) {
                   const float t = detail::fast_tanh(sc / cap);
                   z = cap * t;
-                  dz = d.scale * (1.f - t * t);
+                  dz = scale * (1.f - t * t);
                 }
                 const float pj = detail::fast_exp(z - li);
                 pr[j] = pj;
@@ -259,12 +301,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               }
               for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
             }
-            // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk: three small GEMMs on this
-            // thread over the whole block (masked entries of P and dS are 0).
+            // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
+            // entries of P and dS are 0).
             float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
-            gemm(true, false, nk, Dv, nq, 1.f, p.data(), kBk, grow, H * Dv, 1.f, dvb.data(), Dv);
-            gemm(true, false, nk, Dk, nq, 1.f, ds.data(), kBk, qrow, qs, 1.f, dkb.data(), Dk);
-            gemm(false, false, nq, Dk, nk, 1.f, ds.data(), kBk, kbase + k0 * ks, ks, 1.f, dq_rows, qs);
+            block_gemm(true, nk, Dv, nq, p.data(), kBk, gc.data(), Dv, dvb.data(), Dv, true);
+            block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc.data(), Dk, dkb.data(), Dk, true);
+            block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
           }
         }
         for (int64_t j = 0; j < nk; ++j) {

@@ -1,0 +1,26 @@
+#pragma once
+// Products of the small blocks inside attention (64 queries × 64 keys × a head's width), run on
+// the calling thread. At this size a call into the BLAS costs about as much as the arithmetic
+// (oneDNN's sgemm ran attention's blocks at ~60 GFLOP/s a core in a step against ~95 for the
+// same product alone, docs/performance.md), so the blocks get a register-tiled microkernel of
+// their own: AVX-512 (6 rows × 64 columns of C in 24 registers) or AVX2 with FMA (6 × 16 in 12),
+// chosen by the compiler's target; any other target calls gemm(). The tiles of C are computed
+// in one pass over k, accumulating in fp32.
+#include <cstdint>
+
+namespace keel::kernels {
+
+// C(m, n) = op(A)(m, k) · B(k, n), plus C when accumulate; row-major. A is stored (m, k), or
+// (k, m) when trans_a; B is (k, n). lda, ldb, ldc are the stored row strides. B has no transposed
+// form: attention packs Kᵀ and Vᵀ once per key block instead (attention.cpp).
+void block_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                int64_t ldb, float* c, int64_t ldc, bool accumulate);
+
+// x: (rows, cols) at row stride ld -> out: (cols, rows) at row stride out_ld, the transpose.
+// 8×8 blocks through AVX registers where the build has AVX, scalar for the ragged edges.
+void transpose_block(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out, int64_t out_ld);
+
+// Which microkernel block_gemm runs in this build: "avx512", "avx2" or "gemm" (the fallback).
+const char* block_gemm_isa();
+
+}  // namespace keel::kernels
