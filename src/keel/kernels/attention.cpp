@@ -126,35 +126,34 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
     return;
   }
 
-  // Kᵀ and V of every (sequence, kv head, key block), packed once for all the query blocks and
-  // heads that read them: Kᵀ blocks (Dk, kBk), V blocks (kBk, Dv).
-  const int64_t k_blocks = (Tk + kBk - 1) / kBk, kv_blocks = d.batch * Hkv * k_blocks;
-  const int64_t kt_floats = Dk * kBk, vb_floats = kBk * Dv;
+  // V of every (sequence, kv head, key block), copied contiguous once for all the query blocks
+  // and heads that read it: (kBk, Dv) blocks.
+  const int64_t k_blocks = (Tk + kBk - 1) / kBk, kv_blocks = d.batch * Hkv * k_blocks, vb_floats = kBk * Dv;
   // Kept between calls (grown, never cleared): a fresh allocation of this size each layer would
-  // be fresh pages each time, and their faults cost more than the packing.
-  // The calling thread's buffers; the team reads them through these pointers.
-  thread_local std::vector<float> kt_kept, vb_kept;
-  if (kt_kept.size() < size_t(kv_blocks * kt_floats)) kt_kept.resize(size_t(kv_blocks * kt_floats));
+  // be fresh pages each time, and their faults cost more than the copy. The calling thread's
+  // buffer; the team reads it through the pointer.
+  thread_local std::vector<float> vb_kept;
   if (vb_kept.size() < size_t(kv_blocks * vb_floats)) vb_kept.resize(size_t(kv_blocks * vb_floats));
-  float* const kt = kt_kept.data();
   float* const vb = vb_kept.data();
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < kv_blocks; ++blk) {
       const int64_t b = blk / (Hkv * k_blocks), kvh = (blk / k_blocks) % Hkv, k0 = (blk % k_blocks) * kBk;
-      const int64_t nk = std::min(kBk, Tk - k0);
-      pack_transposed(k + (b * Tk + k0) * ks + kvh * Dk, nk, Dk, ks, kt + blk * kt_floats);
-      pack_rows(v + (b * Tk + k0) * vs + kvh * Dv, nk, Dv, vs, vb + blk * vb_floats);
-    }  // the for's barrier: every block is packed before any task reads one
-    std::vector<float> s(size_t(kBq * kBk)), o(size_t(kBq * Dv)), m(kBq), l(kBq);
+      pack_rows(v + (b * Tk + k0) * vs + kvh * Dv, std::min(kBk, Tk - k0), Dv, vs, vb + blk * vb_floats);
+    }  // the for's barrier: every block is copied before any task reads one
+    // Scores transposed, Sᵀ = K·Qᵀ (keys × queries): a query's softmax statistics then run down
+    // the columns, one vector of queries per key row, with no reduction across a vector.
+    std::vector<float> st(size_t(kBk * kBq)), qt(size_t(Dk * kBq)), o(size_t(kBq * Dv));
+    std::vector<float> m(kBq), l(kBq), bmax(kBq), bsum(kBq), corr(kBq);
     // Largest query blocks (most keys) first, so the dynamic schedule ends balanced.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qb = q_blocks - 1 - task % q_blocks, bh = task / q_blocks;
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
       const int64_t q0 = qb * kBq, nq = std::min(kBq, T - q0);
-      const float* qrow = q + (b * T + q0) * qs + h * Dk;
+      pack_transposed(q + (b * T + q0) * qs + h * Dk, nq, Dk, qs, qt.data());
+      const float* kbase = k + b * Tk * ks + kvh * Dk;
       const int64_t first_blk = (b * Hkv + kvh) * k_blocks;
       std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
@@ -163,49 +162,69 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       // The window's band starts at the block's first query's first key.
       for (int64_t k0 = first_key(d, P + q0) / kBk * kBk; k0 < P + q0 + nq; k0 += kBk) {
         const int64_t nk = std::min(kBk, P + q0 + nq - k0);
-        const int64_t blk = first_blk + k0 / kBk;
-        block_gemm(false, nq, nk, Dk, qrow, qs, kt + blk * kt_floats, kBk, s.data(), kBk, false);
-        for (int64_t i = 0; i < nq; ++i) {
-          const int64_t valid = std::min(nk, P + q0 + i - k0 + 1);  // causal: keys t' <= t
-          const int64_t lo = std::max<int64_t>(0, first_key(d, P + q0 + i) - k0);  // window
-          float* sr = s.data() + i * kBk;
-          // Masked keys get probability 0, so P·V below can run over the whole block.
-          for (int64_t j = 0; j < std::min(lo, nk); ++j) sr[j] = 0.f;
-          for (int64_t j = std::max(valid, lo); j < nk; ++j) sr[j] = 0.f;
-          if (valid <= lo) continue;
-          float rmax = kNegInf;
-#pragma omp simd reduction(max : rmax)
-          for (int64_t j = lo; j < valid; ++j) {
-            sr[j] *= scale;
-            rmax = std::max(rmax, sr[j]);
+        block_gemm(false, nk, nq, Dk, kbase + k0 * ks, ks, qt.data(), kBq, st.data(), kBq, false);
+        // Key k0 + j is seen by the queries i in [lo, hi): causal from its own position on,
+        // and with a window only while it is among the last `window` positions.
+        auto seen_by = [&](int64_t j, int64_t& lo, int64_t& hi) {
+          lo = std::clamp<int64_t>(k0 + j - P - q0, 0, nq);
+          hi = d.window > 0 ? std::clamp<int64_t>(k0 + j + d.window - P - q0, lo, nq) : nq;
+        };
+        std::fill(bmax.begin(), bmax.end(), kNegInf);
+        for (int64_t j = 0; j < nk; ++j) {
+          int64_t lo, hi;
+          seen_by(j, lo, hi);
+          float* sr = st.data() + j * kBq;
+#pragma omp simd
+          for (int64_t i = lo; i < hi; ++i) {
+            sr[i] *= scale;
+            bmax[size_t(i)] = std::max(bmax[size_t(i)], sr[i]);
           }
-          tmax = std::max(tmax, rmax);
           if (cap > 0.f) {
 #pragma omp simd
-            for (int64_t j = lo; j < valid; ++j) sr[j] = cap * detail::fast_tanh(sr[j] / cap);
-            rmax = cap * detail::fast_tanh(rmax / cap);  // tanh is monotone
+            for (int64_t i = lo; i < hi; ++i) sr[i] = cap * detail::fast_tanh(sr[i] / cap);
           }
-          const float mnew = std::max(m[size_t(i)], rmax);
-          const float corr = detail::fast_exp(m[size_t(i)] - mnew);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = lo; j < valid; ++j) {
-            sr[j] = detail::fast_exp(sr[j] - mnew);
-            sum += sr[j];
-          }
-          m[size_t(i)] = mnew;
-          l[size_t(i)] = l[size_t(i)] * corr + sum;
-          float* orow = o.data() + i * Dv;
-          if (corr != 1.f)
-            for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr;
         }
-        // O += P·V over the block (masked keys have P = 0).
-        block_gemm(false, nq, Dv, nk, s.data(), kBk, vb + blk * vb_floats, Dv, o.data(), Dv, true);
+        for (int64_t i = 0; i < nq; ++i) {
+          tmax = std::max(tmax, bmax[size_t(i)]);
+          // tanh is monotone, so the capped maximum is the cap of the maximum.
+          const float top = cap > 0.f && bmax[size_t(i)] > kNegInf ? cap * detail::fast_tanh(bmax[size_t(i)] / cap)
+                                                                    : bmax[size_t(i)];
+          const float mnew = std::max(m[size_t(i)], top);
+          // A query none of whose keys came yet keeps m = -inf (and O = 0, l = 0): factor 1.
+          corr[size_t(i)] = mnew == m[size_t(i)] ? 1.f : detail::fast_exp(m[size_t(i)] - mnew);
+          m[size_t(i)] = mnew;
+          bsum[size_t(i)] = 0.f;
+        }
+        // P = exp(z - m) where the key is seen, 0 elsewhere, so P·V runs over the whole block.
+        for (int64_t j = 0; j < nk; ++j) {
+          int64_t lo, hi;
+          seen_by(j, lo, hi);
+          float* sr = st.data() + j * kBq;
+          std::fill(sr, sr + lo, 0.f);
+#pragma omp simd
+          for (int64_t i = lo; i < hi; ++i) {
+            sr[i] = detail::fast_exp(sr[i] - m[size_t(i)]);
+            bsum[size_t(i)] += sr[i];
+          }
+          std::fill(sr + hi, sr + nq, 0.f);
+        }
+        for (int64_t i = 0; i < nq; ++i) {
+          l[size_t(i)] = l[size_t(i)] * corr[size_t(i)] + bsum[size_t(i)];
+          if (corr[size_t(i)] != 1.f) {
+            float* orow = o.data() + i * Dv;
+#pragma omp simd
+            for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr[size_t(i)];
+          }
+        }
+        // O += P·V = (Sᵀ)ᵀ·V over the block.
+        block_gemm(true, nq, Dv, nk, st.data(), kBq, vb + (first_blk + k0 / kBk) * vb_floats, Dv, o.data(), Dv,
+                   true);
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
         const float inv = 1.f / l[size_t(i)];
         float* dst = out + ((b * T + t) * H + h) * Dv;
+#pragma omp simd
         for (int64_t c = 0; c < Dv; ++c) dst[c] = o[size_t(i * Dv + c)] * inv;
         lse[(b * H + h) * T + t] = m[size_t(i)] + std::log(l[size_t(i)]);
       }
@@ -249,14 +268,20 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
     std::vector<float> dkb(size_t(kBk * Dk)), dvb(size_t(kBk * Dv));
-    // The key block as Kᵀ, Vᵀ and K rows, and the query block's Q and dO rows, all contiguous.
+    // The key block as Kᵀ, Vᵀ and K rows, contiguous; and the Q and dO rows of the task's query
+    // heads, (group, T, width) contiguous, packed once per task and read by every key block.
     std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), kc(size_t(kBk * Dk));
-    std::vector<float> qc(size_t(kBq * Dk)), gc(size_t(kBq * Dv));
+    std::vector<float> qp(size_t(group * T * Dk)), gp(size_t(group * T * Dv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Hkv; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
       const float* kbase = k + b * T * ks + kvh * Dk;
       const float* vbase = v + b * T * vs + kvh * Dv;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        pack_rows(q + b * T * qs + h * Dk, T, Dk, qs, qp.data() + g * T * Dk);
+        pack_rows(dout + (b * T * H + h) * Dv, T, Dv, H * Dv, gp.data() + g * T * Dv);
+      }
       for (int64_t k0 = 0; k0 < T; k0 += kBk) {
         const int64_t nk = std::min(kBk, T - k0);
         std::fill(dkb.begin(), dkb.end(), 0.f);
@@ -270,14 +295,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
           const int64_t q_end = d.window > 0 ? std::min(T, k0 + nk - 1 + d.window) : T;
           for (int64_t q0 = (k0 / kBq) * kBq; q0 < q_end; q0 += kBq) {
             const int64_t nq = std::min(kBq, T - q0);
-            const float* qrow = q + (b * T + q0) * qs + h * Dk;
-            const float* grow = dout + ((b * T + q0) * H + h) * Dv;
             const float* lse_r = lse + (b * H + h) * T + q0;
             const float* delta_r = delta.data() + (b * H + h) * T + q0;
-            pack_rows(qrow, nq, Dk, qs, qc.data());
-            pack_rows(grow, nq, Dv, H * Dv, gc.data());
-            block_gemm(false, nq, nk, Dk, qc.data(), Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
-            block_gemm(false, nq, nk, Dv, gc.data(), Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
+            const float* qc = qp.data() + ((h - kvh * group) * T + q0) * Dk;
+            const float* gc = gp.data() + ((h - kvh * group) * T + q0) * Dv;
+            block_gemm(false, nq, nk, Dk, qc, Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
+            block_gemm(false, nq, nk, Dv, gc, Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
             for (int64_t i = 0; i < nq; ++i) {
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
               const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
@@ -304,8 +327,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
             // entries of P and dS are 0).
             float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
-            block_gemm(true, nk, Dv, nq, p.data(), kBk, gc.data(), Dv, dvb.data(), Dv, true);
-            block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc.data(), Dk, dkb.data(), Dk, true);
+            block_gemm(true, nk, Dv, nq, p.data(), kBk, gc, Dv, dvb.data(), Dv, true);
+            block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc, Dk, dkb.data(), Dk, true);
             block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
           }
         }

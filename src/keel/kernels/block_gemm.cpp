@@ -102,6 +102,7 @@ void tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, f
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < Vecs; ++v) acc[r][v] = vzero();
+#pragma GCC unroll 4
   for (int64_t p = 0; p < k; ++p) {
     const float* brow = b + p * ldb;
     Vec bv[Vecs];
