@@ -54,14 +54,31 @@ void backend_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 
 namespace {
 
+// Operand buffers, grown and reused: no allocation per call in a training step. Growing drops
+// the old contents (every caller overwrites what it uses).
+template <typename T>
+T* scratch(std::vector<T>& buf, int64_t count) {
+  if (buf.size() < static_cast<size_t>(count)) {
+    buf = std::vector<T>();
+    buf.resize(static_cast<size_t>(count));
+  }
+  return buf.data();
+}
+
 std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
+
+#if KEEL_GEMM_DNNL && defined(__x86_64__)
+// Whether oneDNN's kernels may use `isa`: the CPU must have it and ONEDNN_MAX_CPU_ISA must not
+// cap oneDNN below it (the effective ISA is the CPU's, or less under the cap).
+bool dnnl_allows(dnnl_cpu_isa_t isa) {
+  const unsigned effective = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (effective & static_cast<unsigned>(isa)) == static_cast<unsigned>(isa);
+}
+#endif
 
 bool backend_lacks_avx512() {
 #if KEEL_GEMM_DNNL && defined(__x86_64__)
-  // The ISA oneDNN's kernels use: the CPU's, or less under ONEDNN_MAX_CPU_ISA.
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const unsigned avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
-  return (isa & avx512) != avx512;
+  return !dnnl_allows(dnnl_cpu_isa_avx512_core);
 #else
   return false;  // not measured with OpenBLAS or off x86
 #endif
@@ -137,9 +154,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       // the panel to a padded stride first; it is read once, the product reads it n/16 times.
       thread_local std::vector<float> panel_a;
       ap_ld = mi + 16;
-      if (panel_a.size() < static_cast<size_t>(k * ap_ld)) panel_a.resize(static_cast<size_t>(k * ap_ld));
-      for (int64_t r = 0; r < k; ++r) std::memcpy(panel_a.data() + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
-      ap = panel_a.data();
+      float* padded = scratch(panel_a, k * ap_ld);
+      for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
+      ap = padded;
     }
     backend_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, c + i0 * ldc + j0, ldc);
   };
@@ -166,13 +183,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   if (pad_b) {
     ldb = (n + 15) / 16 * 16 + 16;  // 64-byte rows, off the aliasing stride
     if (ldb % kGemmAliasedStride == 0) ldb += 16;
-    const size_t need = static_cast<size_t>(k * ldb);
-    std::vector<float>& buffer = need <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b;
-    if (buffer.size() < need) {
-      buffer = std::vector<float>();  // no copy of the old contents
-      buffer.resize(need);
-    }
-    b = buffer.data();
+    const int64_t need = k * ldb;
+    b = scratch(static_cast<size_t>(need) <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b, need);
   }
   auto copy_b_rows = [&](int64_t r) {
     std::memcpy(const_cast<float*>(b) + r * ldb, b_source + r * b_source_ld, sizeof(float) * size_t(n));
@@ -224,12 +236,6 @@ void round_operand(const float* x, int64_t rows, int64_t cols, int64_t ld, Out* 
   }
 }
 
-// Per-thread operand buffers, grown and reused: no allocation per call in a training step.
-template <typename T>
-T* scratch(std::vector<T>& buf, int64_t count) {
-  if (buf.size() < static_cast<size_t>(count)) buf.resize(static_cast<size_t>(count));
-  return buf.data();
-}
 
 }  // namespace
 
@@ -238,11 +244,8 @@ bool bf16_gemm_native_available() {
   // The CPU must have the instructions and oneDNN must be allowed to use them: ONEDNN_MAX_CPU_ISA
   // (say AVX2, to see what a CPU without AVX-512 does) caps the ISA its kernels may use, and its
   // bf16 gemm then refuses to run rather than fall back.
-  static const bool available = [] {
-    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-    const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-    return __builtin_cpu_supports("avx512bf16") && (isa & bf16) == bf16;
-  }();
+  static const bool available =
+      __builtin_cpu_supports("avx512bf16") && dnnl_allows(dnnl_cpu_isa_avx512_core_bf16);
   return available;
 #else
   return false;
