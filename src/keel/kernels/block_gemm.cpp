@@ -93,10 +93,11 @@ inline Mask lanes_below(int count) {
 #endif
 
 // C tile (Rows × Vecs vectors) = op(A) rows · B columns over all of k, then stored (or added to
-// C). Tail: the last vector holds fewer than kLanes columns, loaded and stored under `tail`.
+// C). Tail: the last vector holds only `rest` columns, loaded and stored under a mask.
 template <bool TransA, int Rows, int Vecs, bool Tail>
 void tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-          bool accumulate, Mask tail) {
+          bool accumulate, int rest) {
+  const Mask tail = lanes_below(rest);
   Vec acc[Rows][Vecs];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r)
@@ -129,7 +130,7 @@ void tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, f
     }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool, Mask);
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool, int);
 
 // Every (rows, vectors, tail) instance for one form of A, at index ((rows-1)·kTileVecs + vecs-1)·2 + tail.
 template <bool TransA, size_t... I>
@@ -152,11 +153,10 @@ void block_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, i
   for (int64_t j0 = 0; j0 < n; j0 += chunk) {
     const int cols = int(std::min(chunk, n - j0));
     const int vecs = (cols + kLanes - 1) / kLanes, rest = cols % kLanes;
-    const Mask tail = lanes_below(rest);
     for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
       const int rows = int(std::min<int64_t>(kTileRows, m - i0));
       const TileFn fn = tiles[size_t(((rows - 1) * kTileVecs + vecs - 1) * 2 + (rest != 0 ? 1 : 0))];
-      fn(k, trans_a ? a + i0 : a + i0 * lda, lda, b + j0, ldb, c + i0 * ldc + j0, ldc, accumulate, tail);
+      fn(k, trans_a ? a + i0 : a + i0 * lda, lda, b + j0, ldb, c + i0 * ldc + j0, ldc, accumulate, rest);
     }
   }
 }
