@@ -1,6 +1,7 @@
 #include "keel/kernels/attention.hpp"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,7 +35,10 @@ AttentionDims dims(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t dk, int
 TEST(AttentionKernel, ForwardMatchesReference) {
   const AttentionDims cases[] = {dims(2, 150, 4, 4, 24, 16, 0.f), dims(1, 150, 4, 2, 24, 24, 0.f),
                                  dims(2, 77, 8, 2, 16, 20, 0.f),  dims(1, 150, 4, 1, 24, 16, 3.f),
-                                 dims(3, 1, 2, 1, 8, 8, 0.f),     dims(1, 64, 2, 2, 64, 64, 2.f)};
+                                 dims(3, 1, 2, 1, 8, 8, 0.f),     dims(1, 64, 2, 2, 64, 64, 2.f),
+                                 // odd widths (every microkernel tail), values wider than one
+                                 // 64-column chunk of the block product
+                                 dims(1, 130, 2, 1, 13, 7, 1.5f), dims(2, 100, 2, 2, 32, 80, 0.f)};
   for (const AttentionDims& d : cases) {
     const Inputs in = make_inputs(d, 7, 2.f);  // range 2: logits of a few units, so softcap bites
     const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim), lse_n = size_t(d.batch * d.heads * d.seq);
@@ -61,7 +65,8 @@ TEST(AttentionKernel, ForwardMatchesReference) {
 TEST(AttentionKernel, CacheOffsetMatchesFullAttention) {
   struct Case { int64_t prefix, t, h, hkv, dk, dv; bool shared_rows; };
   const Case cases[] = {{0, 5, 4, 2, 16, 16, false}, {70, 1, 4, 2, 24, 24, false}, {129, 3, 4, 1, 12, 8, false},
-                        {63, 1, 8, 1, 40, 32, true},  {5, 70, 2, 1, 20, 16, true}};
+                        {63, 1, 8, 1, 40, 32, true},  {5, 70, 2, 1, 20, 16, true},
+                        {100, 90, 4, 2, 13, 80, false}};  // a prefill of several blocks after a cache of several
   for (const Case& c : cases) {
     const int64_t total = c.prefix + c.t;
     const std::string tag = "P=" + std::to_string(c.prefix) + " T=" + std::to_string(c.t);
@@ -212,6 +217,42 @@ TEST(AttentionKernel, GradientsGqa2AcrossBlocks) { check_gradients(dims(1, 70, 4
 TEST(AttentionKernel, GradientsMqa4Softcap) { check_gradients(dims(1, 67, 4, 1, 12, 8, 1.5f), 14); }
 TEST(AttentionKernel, GradientsGqa2Softcap) { check_gradients(dims(2, 9, 4, 2, 24, 24, 2.f), 15); }
 
+// Forward and backward give the same bits on one thread and on two (the thread governor changes
+// the team between steps; a resumed run must not diverge): every block product and reduction is
+// done whole by the thread that owns its task.
+TEST(AttentionKernel, BitIdenticalForOneAndTwoThreads) {
+  const AttentionDims d = dims(2, 150, 4, 2, 24, 40, 0.f);
+  const Inputs in = make_inputs(d, 31, 2.f);
+  const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim), lse_n = size_t(d.batch * d.heads * d.seq);
+  const std::vector<float> g = random_vector(out_n, 34);
+  struct Result {
+    std::vector<float> out, lse, mx, dq, dk, dv;
+  };
+  auto run = [&](int threads) {
+    const int team = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Result r{std::vector<float>(out_n), std::vector<float>(lse_n),
+             std::vector<float>(size_t(d.heads), -std::numeric_limits<float>::infinity()),
+             std::vector<float>(in.q.size()), std::vector<float>(in.k.size()), std::vector<float>(in.v.size())};
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), r.mx.data(), d);
+    attention_backward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), g.data(), r.dq.data(),
+                       r.dk.data(), r.dv.data(), d);
+    omp_set_num_threads(team);
+    return r;
+  };
+  const Result one = run(1), two = run(2);
+  EXPECT_EQ(one.out, two.out);
+  EXPECT_EQ(one.lse, two.lse);
+  EXPECT_EQ(one.mx, two.mx);
+  EXPECT_EQ(one.dq, two.dq);
+  EXPECT_EQ(one.dk, two.dk);
+  EXPECT_EQ(one.dv, two.dv);
+  double norm = 0;
+  for (float x : one.dq) norm += double(x) * x;
+  EXPECT_GT(norm, 1e-6);  // the gradients are not trivially zero
+}
+
+TEST(AttentionKernel, GradientsOddWidthsWideValues) { check_gradients(dims(1, 70, 2, 1, 13, 80, 0.f), 19); }
 TEST(AttentionKernel, GradientsSlidingWindowAcrossBlocks) { check_gradients(windowed(dims(1, 140, 4, 2, 16, 12, 0.f), 70), 16); }
 TEST(AttentionKernel, GradientsSlidingWindowNarrowSoftcap) { check_gradients(windowed(dims(2, 9, 2, 1, 8, 8, 2.f), 3), 17); }
 TEST(AttentionKernel, GradientsSlidingWindowOne) { check_gradients(windowed(dims(1, 6, 2, 2, 8, 8, 0.f), 1), 18); }

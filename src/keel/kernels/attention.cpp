@@ -21,6 +21,7 @@ namespace {
 // row strides (heads·width, 3·hidden) are often multiples of 4 KiB, whose rows share L1 sets.
 constexpr int64_t kBq = 64;
 constexpr int64_t kBk = 64;
+static_assert(kBq == kBk, "pack_transposed pads to kBk columns, also for query blocks");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 void check_dims(const AttentionDims& d) {
@@ -126,22 +127,31 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
     return;
   }
 
-  // V of every (sequence, kv head, key block), copied contiguous once for all the query blocks
-  // and heads that read it: (kBk, Dv) blocks.
+  // In training (no cache, no window: every key block is read by many query blocks), V of every
+  // (sequence, kv head, key block) is first copied contiguous, (kBk, Dv) blocks, since its row
+  // strides (3·hidden, heads·width) are often multiples of 1 KiB, whose rows share a quarter of
+  // L1's sets. A prefill over a cache or a window reads V in place instead: it would copy keys it
+  // never reads.
   const int64_t k_blocks = (Tk + kBk - 1) / kBk, kv_blocks = d.batch * Hkv * k_blocks, vb_floats = kBk * Dv;
-  // Kept between calls (grown, never cleared): a fresh allocation of this size each layer would
-  // be fresh pages each time, and their faults cost more than the copy. The calling thread's
-  // buffer; the team reads it through the pointer.
+  const bool copy_v = P == 0 && d.window == 0;
+  // Kept between calls, grown without copying: a fresh allocation each layer would be fresh
+  // pages each time, whose faults cost more than the copy. Bounded by the largest V a layer has.
+  // The calling thread's buffer; the team reads it through the pointer.
   thread_local std::vector<float> vb_kept;
-  if (vb_kept.size() < size_t(kv_blocks * vb_floats)) vb_kept.resize(size_t(kv_blocks * vb_floats));
+  if (copy_v && vb_kept.size() < size_t(kv_blocks * vb_floats)) {
+    vb_kept = std::vector<float>();
+    vb_kept.resize(size_t(kv_blocks * vb_floats));
+  }
   float* const vb = vb_kept.data();
 #pragma omp parallel
   {
+    if (copy_v) {
 #pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < kv_blocks; ++blk) {
-      const int64_t b = blk / (Hkv * k_blocks), kvh = (blk / k_blocks) % Hkv, k0 = (blk % k_blocks) * kBk;
-      pack_rows(v + (b * Tk + k0) * vs + kvh * Dv, std::min(kBk, Tk - k0), Dv, vs, vb + blk * vb_floats);
-    }  // the for's barrier: every block is copied before any task reads one
+      for (int64_t blk = 0; blk < kv_blocks; ++blk) {
+        const int64_t b = blk / (Hkv * k_blocks), kvh = (blk / k_blocks) % Hkv, k0 = (blk % k_blocks) * kBk;
+        pack_rows(v + (b * Tk + k0) * vs + kvh * Dv, std::min(kBk, Tk - k0), Dv, vs, vb + blk * vb_floats);
+      }  // the for's barrier: every block is copied before any task reads one
+    }
     // Scores transposed, Sᵀ = K·Qᵀ (keys × queries): a query's softmax statistics then run down
     // the columns, one vector of queries per key row, with no reduction across a vector.
     std::vector<float> st(size_t(kBk * kBq)), qt(size_t(Dk * kBq)), o(size_t(kBq * Dv));
@@ -217,8 +227,11 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           }
         }
         // O += P·V = (Sᵀ)ᵀ·V over the block.
-        block_gemm(true, nq, Dv, nk, st.data(), kBq, vb + (first_blk + k0 / kBk) * vb_floats, Dv, o.data(), Dv,
-                   true);
+        if (copy_v)
+          block_gemm(true, nq, Dv, nk, st.data(), kBq, vb + (first_blk + k0 / kBk) * vb_floats, Dv, o.data(), Dv,
+                     true);
+        else
+          block_gemm(true, nq, Dv, nk, st.data(), kBq, v + (b * Tk + k0) * vs + kvh * Dv, vs, o.data(), Dv, true);
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -268,20 +281,15 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
     std::vector<float> dkb(size_t(kBk * Dk)), dvb(size_t(kBk * Dv));
-    // The key block as Kᵀ, Vᵀ and K rows, contiguous; and the Q and dO rows of the task's query
-    // heads, (group, T, width) contiguous, packed once per task and read by every key block.
+    // The key block as Kᵀ, Vᵀ and K rows, and the query block's Q and dO rows, contiguous: a few
+    // 64-row blocks per thread whatever T and the group size.
     std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), kc(size_t(kBk * Dk));
-    std::vector<float> qp(size_t(group * T * Dk)), gp(size_t(group * T * Dv));
+    std::vector<float> qc(size_t(kBq * Dk)), gc(size_t(kBq * Dv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Hkv; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
       const float* kbase = k + b * T * ks + kvh * Dk;
       const float* vbase = v + b * T * vs + kvh * Dv;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
-        pack_rows(q + b * T * qs + h * Dk, T, Dk, qs, qp.data() + g * T * Dk);
-        pack_rows(dout + (b * T * H + h) * Dv, T, Dv, H * Dv, gp.data() + g * T * Dv);
-      }
       for (int64_t k0 = 0; k0 < T; k0 += kBk) {
         const int64_t nk = std::min(kBk, T - k0);
         std::fill(dkb.begin(), dkb.end(), 0.f);
@@ -297,10 +305,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             const int64_t nq = std::min(kBq, T - q0);
             const float* lse_r = lse + (b * H + h) * T + q0;
             const float* delta_r = delta.data() + (b * H + h) * T + q0;
-            const float* qc = qp.data() + ((h - kvh * group) * T + q0) * Dk;
-            const float* gc = gp.data() + ((h - kvh * group) * T + q0) * Dv;
-            block_gemm(false, nq, nk, Dk, qc, Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
-            block_gemm(false, nq, nk, Dv, gc, Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
+            pack_rows(q + (b * T + q0) * qs + h * Dk, nq, Dk, qs, qc.data());
+            pack_rows(dout + ((b * T + q0) * H + h) * Dv, nq, Dv, H * Dv, gc.data());
+            block_gemm(false, nq, nk, Dk, qc.data(), Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
+            block_gemm(false, nq, nk, Dv, gc.data(), Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
             for (int64_t i = 0; i < nq; ++i) {
               const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
               const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
@@ -327,8 +335,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
             // entries of P and dS are 0).
             float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
-            block_gemm(true, nk, Dv, nq, p.data(), kBk, gc, Dv, dvb.data(), Dv, true);
-            block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc, Dk, dkb.data(), Dk, true);
+            block_gemm(true, nk, Dv, nq, p.data(), kBk, gc.data(), Dv, dvb.data(), Dv, true);
+            block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc.data(), Dk, dkb.data(), Dk, true);
             block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
           }
         }
