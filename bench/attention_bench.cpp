@@ -13,17 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
 #include "keel/kernels/attention.hpp"
 #include "keel/kernels/block_gemm.hpp"
 
 namespace {
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -10,19 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
 #include "keel/core/crc32c.hpp"
 #include "keel/data/shards.hpp"
 
 namespace {
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
 
 template <class F>
 double seconds(F&& f) {
