@@ -8,6 +8,10 @@
 //   backward dW = dyᵀ · x  -> TN  (N, K, M)
 // The "+omp" column interleaves an OpenMP elementwise pass between gemm calls, as a training
 // step does; a BLAS with its own thread pool then competes with OpenMP's spinning workers.
+// keel's binary also times both kernels it can put under its panels (the BLAS, and its own packed
+// microkernel), interleaved, and prints their ratio.
+// The "cold" column evicts the caches before each timed call (a 64 MiB write, not timed): in a
+// step the operands of a product were last touched several layers ago, not by the same call.
 #include <omp.h>
 
 #include <algorithm>
@@ -56,8 +60,11 @@ struct Case {
 };
 
 // Median seconds of one call; repeats until ~0.3 s has been spent so small shapes are stable.
-double time_case(const Case& cs, bool with_omp, std::vector<float>& a, std::vector<float>& b, std::vector<float>& c,
-                 std::vector<float>& scratch) {
+enum class Mode { Plain, WithOmp, Cold };
+
+double time_case(const Case& cs, Mode mode, std::vector<float>& a, std::vector<float>& b, std::vector<float>& c,
+                 std::vector<float>& scratch, std::vector<float>& evict) {
+  const bool with_omp = mode == Mode::WithOmp;
   const int64_t lda = cs.ta ? cs.m : cs.k, ldb = cs.tb ? cs.k : cs.n;
   auto one = [&] {
     sgemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, a.data(), lda, b.data(), ldb, c.data(), cs.n);
@@ -71,6 +78,11 @@ double time_case(const Case& cs, bool with_omp, std::vector<float>& a, std::vect
   std::vector<double> times;
   double spent = 0;
   while (spent < 0.3 || times.size() < 5) {
+    if (mode == Mode::Cold) {
+      const int64_t e = int64_t(evict.size());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < e; ++i) evict[size_t(i)] += 1.f;
+    }
     auto t0 = std::chrono::steady_clock::now();
     one();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -98,18 +110,42 @@ int main() {
   for (size_t i = 0; i < b.size(); ++i) b[i] = float((i * 104729) % 1000) * 1e-3f - 0.5f;
   // A small elementwise pass (64k floats): the kind of op that sits between two linears.
   std::vector<float> scratch(size_t(1) << 16, 1.f);
-  std::printf("%-7s %6s %6s %6s %10s %10s\n", "case", "M", "N", "K", "GFLOP/s", "+omp");
-  double sum_plain = 0, sum_omp = 0;
+  std::vector<float> evict(size_t(16) << 20, 0.f);
+  std::printf("%-7s %6s %6s %6s %10s %10s %10s", "case", "M", "N", "K", "GFLOP/s", "+omp", "cold");
+#if defined(KEEL_BENCH_KEEL)
+  std::printf(" %10s %10s %8s", "backend", "packed", "packed/backend");
+#endif
+  std::printf("\n");
+  double sum_plain = 0, sum_omp = 0, sum_cold = 0;
   for (const Case& cs : cases) {
     const double flops = 2.0 * double(cs.m) * double(cs.n) * double(cs.k);
-    const double g = flops / time_case(cs, false, a, b, c, scratch) * 1e-9;
-    const double go = flops / time_case(cs, true, a, b, c, scratch) * 1e-9;
+    const double g = flops / time_case(cs, Mode::Plain, a, b, c, scratch, evict) * 1e-9;
+    const double go = flops / time_case(cs, Mode::WithOmp, a, b, c, scratch, evict) * 1e-9;
+    const double gc = flops / time_case(cs, Mode::Cold, a, b, c, scratch, evict) * 1e-9;
     sum_plain += g;
     sum_omp += go;
-    std::printf("%-7s %6lld %6lld %6lld %10.1f %10.1f\n", cs.name, (long long)cs.m, (long long)cs.n, (long long)cs.k, g,
-                go);
+    sum_cold += gc;
+    std::printf("%-7s %6lld %6lld %6lld %10.1f %10.1f %10.1f", cs.name, (long long)cs.m, (long long)cs.n,
+                (long long)cs.k, g, go, gc);
+#if defined(KEEL_BENCH_KEEL)
+    // The two kernels keel can run per panel, interleaved over three rounds: medians and the
+    // median of the per-round ratios packed / backend.
+    std::vector<double> backend, packed, ratio;
+    for (int round = 0; round < 3; ++round) {
+      keel::kernels::set_gemm_kernel(keel::kernels::GemmKernel::Backend);
+      backend.push_back(flops / time_case(cs, Mode::Plain, a, b, c, scratch, evict) * 1e-9);
+      keel::kernels::set_gemm_kernel(keel::kernels::GemmKernel::Packed);
+      packed.push_back(flops / time_case(cs, Mode::Plain, a, b, c, scratch, evict) * 1e-9);
+      ratio.push_back(packed.back() / backend.back());
+    }
+    keel::kernels::set_gemm_kernel(keel::kernels::GemmKernel::Auto);
+    for (auto* v : {&backend, &packed, &ratio}) std::sort(v->begin(), v->end());
+    std::printf(" %10.1f %10.1f %8.3f (%.3f..%.3f)", backend[1], packed[1], ratio[1], ratio[0], ratio[2]);
+#endif
+    std::printf("\n");
   }
-  std::printf("mean GFLOP/s: %.1f  with omp interleave: %.1f\n", sum_plain / double(cases.size()),
-              sum_omp / double(cases.size()));
+  const double count = double(cases.size());
+  std::printf("mean GFLOP/s: %.1f  with omp interleave: %.1f  cold caches: %.1f\n", sum_plain / count,
+              sum_omp / count, sum_cold / count);
   return 0;
 }

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "gradient_check.hpp"
+#include "keel/kernels/block_gemm.hpp"
 
 namespace keel::kernels {
 namespace {
@@ -20,8 +22,23 @@ struct GemmCase {
   float alpha, beta;
 };
 
+// Runs body once with each kernel gemm can put under its panels (the BLAS and keel's packed
+// microkernel), then restores Auto.
+template <typename Body>
+void for_each_panel_kernel(Body body) {
+  for (GemmKernel kernel : {GemmKernel::Backend, GemmKernel::Packed}) {
+    set_gemm_kernel(kernel);
+    SCOPED_TRACE(kernel == GemmKernel::Packed ? "packed kernel" : "backend kernel");
+    const bool has_microkernel = std::string(block_gemm_isa()) != "gemm";
+    EXPECT_EQ(gemm_uses_packed_kernel(false, true), kernel == GemmKernel::Packed && has_microkernel);
+    body();
+  }
+  set_gemm_kernel(GemmKernel::Auto);
+}
+
 // All four transposition combinations, odd sizes and padded leading dimensions.
 TEST(GemmKernel, MatchesReferenceForAllTranspositions) {
+  for_each_panel_kernel([] {
   const GemmCase cases[] = {
       {false, false, 17, 33, 9, 1.f, 0.f},  {false, true, 31, 5, 64, 0.5f, 1.f},
       {true, false, 7, 130, 21, 1.f, -0.5f}, {true, true, 65, 3, 1, 2.f, 0.25f},
@@ -49,11 +66,13 @@ TEST(GemmKernel, MatchesReferenceForAllTranspositions) {
       for (int64_t i = 0; i < cs.m; ++i) EXPECT_EQ(c[size_t(i * ldc + cs.n)], c_ref[size_t(i * ldc + cs.n)]);
     }
   }
+  });
 }
 
 // Shapes big enough that gemm cuts C into panels (both directions, ragged last panels, the
 // padded copy of a transposed A whose stride is a multiple of 256), against the reference.
 TEST(GemmKernel, PanelScheduleMatchesReference) {
+  for_each_panel_kernel([] {
   const GemmCase cases[] = {
       {false, true, 600, 300, 64, 1.f, 0.f},   {false, false, 530, 70, 128, 1.f, 1.f},
       {true, false, 1024, 48, 96, 0.5f, 1.f},  {true, true, 40, 2100, 50, 1.f, 0.f},
@@ -73,12 +92,14 @@ TEST(GemmKernel, PanelScheduleMatchesReference) {
     for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(double(c[i]) - double(c_ref[i])));
     EXPECT_LT(worst, 1e-5 * (1 + double(cs.k))) << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n;
   }
+  });
 }
 
 // The panels are a function of the shape alone and each is computed by one call on one thread,
 // so the product is bit-identical with one thread or several: what lets the thread governor
 // change the team size between steps without changing a run's numbers.
 TEST(GemmKernel, ResultDoesNotDependOnTheThreadCount) {
+  for_each_panel_kernel([] {
   const int64_t m = 700, n = 520, k = 300;
   const auto a = random_vector(size_t(k * m), 7);  // stored (k, m): the weight-gradient shape
   const auto b = random_vector(size_t(k * n), 8);
@@ -90,6 +111,42 @@ TEST(GemmKernel, ResultDoesNotDependOnTheThreadCount) {
   gemm(true, false, m, n, k, 1.f, a.data(), m, b.data(), n, 0.f, two.data(), n);
   omp_set_num_threads(saved);
   for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
+  });
+}
+
+// keel's packed kernel alone, on one thread, over shapes that cross each of its cache blocks
+// (rows past 144, columns past 1,024, k past two blocks of 256) and ragged tiles, every
+// transposition, alpha and beta (beta = 0 over a C of NaN), padded strides.
+TEST(GemmKernel, PackedKernelMatchesReference) {
+  const GemmCase cases[] = {
+      {false, true, 150, 1100, 530, 1.f, 0.f},  {false, false, 149, 37, 257, 0.5f, 1.f},
+      {true, false, 300, 70, 513, 1.f, -0.5f},  {true, true, 13, 1030, 300, 2.f, 0.f},
+      {false, false, 1, 1, 1, 1.f, 0.f},        {true, true, 7, 3, 1, 1.f, 1.f},
+      {false, true, 6, 64, 256, 1.f, 0.f},      {true, false, 145, 17, 31, 0.25f, 0.f},
+  };
+  for (const GemmCase& cs : cases) {
+    const int64_t pad = 5;
+    const int64_t lda = (cs.ta ? cs.m : cs.k) + pad, ldb = (cs.tb ? cs.k : cs.n) + pad, ldc = cs.n + pad;
+    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 21);
+    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 22);
+    auto c = random_vector(size_t(cs.m * ldc), 23);
+    auto c_ref = c;
+    if (cs.beta == 0.f)
+      for (int64_t i = 0; i < cs.m; ++i)
+        std::fill(c.begin() + i * ldc, c.begin() + i * ldc + cs.n, std::numeric_limits<float>::quiet_NaN());
+    packed_gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+    gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
+    double worst = 0;
+    for (int64_t i = 0; i < cs.m; ++i) {
+      for (int64_t j = 0; j < cs.n; ++j) {
+        const double diff = std::abs(double(c[size_t(i * ldc + j)]) - double(c_ref[size_t(i * ldc + j)]));
+        worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+      }
+      for (int64_t j = cs.n; j < ldc; ++j) ASSERT_EQ(c[size_t(i * ldc + j)], c_ref[size_t(i * ldc + j)]) << "padding";
+    }
+    EXPECT_LT(worst, 1e-5 * (1 + double(cs.k))) << "ta=" << cs.ta << " tb=" << cs.tb << " m=" << cs.m << " n=" << cs.n
+                                                << " k=" << cs.k;
+  }
 }
 
 // An untransposed B whose stride is a multiple of 4 KiB is copied to a padded stride first where

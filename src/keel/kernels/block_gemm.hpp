@@ -16,6 +16,13 @@ namespace keel::kernels {
 void block_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                 int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
+// C(m, n) = alpha·op(A)·op(B) + beta·C on the calling thread, gemm's contract, on the same
+// microkernel: operands packed into cache-sized blocks first (block_gemm.cpp). gemm() runs it on
+// each of its panels where it was measured faster than the BLAS (gemm.cpp). Builds without the
+// microkernel fall back to gemm_reference (slow; gemm() then never calls this).
+void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // x: (rows, cols) at row stride ld -> out: (cols, rows) at row stride out_ld, the transpose.
 // 8×8 blocks through AVX registers where the build has AVX, scalar for the ragged edges.
 void transpose_block(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out, int64_t out_ld);

@@ -21,6 +21,7 @@
 
 #include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
+#include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/precision.hpp"
 
 #if KEEL_GEMM_DNNL
@@ -84,7 +85,33 @@ bool backend_lacks_avx512() {
 #endif
 }
 
+// KEEL_GEMM=packed|backend (read once) overrides Auto, for benchmarks and A/B runs.
+GemmKernel env_gemm_kernel() {
+  const char* v = std::getenv("KEEL_GEMM");
+  if (v != nullptr && std::strcmp(v, "packed") == 0) return GemmKernel::Packed;
+  if (v != nullptr && std::strcmp(v, "backend") == 0) return GemmKernel::Backend;
+  return GemmKernel::Auto;
+}
+
+std::atomic<int> gemm_kernel_mode{static_cast<int>(env_gemm_kernel())};
+
 }  // namespace
+
+void set_gemm_kernel(GemmKernel kernel) { gemm_kernel_mode.store(static_cast<int>(kernel)); }
+
+bool gemm_uses_packed_kernel(bool trans_a, bool trans_b) {
+  if (std::strcmp(block_gemm_isa(), "gemm") == 0) return false;  // no microkernel in this build
+  // Auto is measured on the AVX2 microkernel only; the AVX-512 one ran below oneDNN's AVX-512 kernels.
+  static const bool below_avx512 = std::strcmp(block_gemm_isa(), "avx2") == 0 && backend_lacks_avx512();
+  switch (static_cast<GemmKernel>(gemm_kernel_mode.load(std::memory_order_relaxed))) {
+    case GemmKernel::Packed: return true;
+    case GemmKernel::Backend: return false;
+    case GemmKernel::Auto: break;
+  }
+  // Weight gradients dyᵀ·x: 1.09-1.34x oneDNN's AVX2 kernels at a step's shapes; the other
+  // forms measured 0.89-1.06x and stay with oneDNN (docs/performance.md, "keel's own GEMM").
+  return below_avx512 && trans_a && !trans_b;
+}
 
 void set_pad_aliased_b(PadAliasedB mode) { pad_aliased_b_mode.store(static_cast<int>(mode)); }
 
@@ -141,11 +168,17 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const GemmPanels p = gemm_panels(m, n, k);
   const int64_t row_panels = (m + p.rows - 1) / p.rows, col_panels = (n + p.cols - 1) / p.cols;
   const int64_t panels = row_panels * col_panels;
+  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b);
   auto run_panel = [&](int64_t panel) {
     const int64_t i0 = (panel / col_panels) * p.rows, j0 = (panel % col_panels) * p.cols;
     const int64_t mi = std::min(p.rows, m - i0), nj = std::min(p.cols, n - j0);
     const float* ap = trans_a ? a + i0 : a + i0 * lda;  // A stored (k, m) when transposed
     const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
+    if (packed) {
+      // Packing copies both operands into cache-sized blocks: no stride aliases.
+      packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, c + i0 * ldc + j0, ldc);
+      return;
+    }
     int64_t ap_ld = lda;
     if (trans_a && lda % 256 == 0 && lda > mi) {
       // A transposed with a row stride of a multiple of 1 KiB (a weight gradient dyᵀ·x of a
@@ -175,7 +208,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   // then reads; the copy is k·n floats against m·n·k multiply-adds, so only where m pays for it.
   const float* b_source = b;
   const int64_t b_source_ld = ldb;
-  const bool pad_b = !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && gemm_pads_aliased_b();
+  const bool pad_b =
+      !packed && !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && gemm_pads_aliased_b();
   // A weight gradient's B has a row per token: kept per thread up to 32 MiB, and beyond that
   // allocated for this call only, so a long-sequence step does not hold a token-sized copy.
   thread_local std::vector<float> kept_padded_b;
