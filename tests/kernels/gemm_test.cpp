@@ -30,7 +30,7 @@ void for_each_panel_kernel(Body body) {
     set_gemm_kernel(kernel);
     SCOPED_TRACE(kernel == GemmKernel::Packed ? "packed kernel" : "backend kernel");
     const bool has_microkernel = std::string(block_gemm_isa()) != "gemm";
-    EXPECT_EQ(gemm_uses_packed_kernel(false, true), kernel == GemmKernel::Packed && has_microkernel);
+    EXPECT_EQ(gemm_uses_packed_kernel(false, true, 64), kernel == GemmKernel::Packed && has_microkernel);
     body();
   }
   set_gemm_kernel(GemmKernel::Auto);

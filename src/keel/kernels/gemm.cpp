@@ -99,7 +99,7 @@ std::atomic<int> gemm_kernel_mode{static_cast<int>(env_gemm_kernel())};
 
 void set_gemm_kernel(GemmKernel kernel) { gemm_kernel_mode.store(static_cast<int>(kernel)); }
 
-bool gemm_uses_packed_kernel(bool trans_a, bool trans_b) {
+bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb) {
   if (std::strcmp(block_gemm_isa(), "gemm") == 0) return false;  // no microkernel in this build
   // Auto is measured on the AVX2 microkernel only; the AVX-512 one ran below oneDNN's AVX-512 kernels.
   static const bool below_avx512 = std::strcmp(block_gemm_isa(), "avx2") == 0 && backend_lacks_avx512();
@@ -108,9 +108,11 @@ bool gemm_uses_packed_kernel(bool trans_a, bool trans_b) {
     case GemmKernel::Backend: return false;
     case GemmKernel::Auto: break;
   }
-  // Weight gradients dyᵀ·x: 1.09-1.34x oneDNN's AVX2 kernels at a step's shapes; the other
-  // forms measured 0.89-1.06x and stay with oneDNN (docs/performance.md, "keel's own GEMM").
-  return below_avx512 && trans_a && !trans_b;
+  // In a step under oneDNN's AVX2 kernels (docs/performance.md, "keel's own GEMM on AVX2"): the
+  // packed kernel ran weight gradients (TN) faster at every width, and NN and NT products whose B
+  // has a row stride of a multiple of 512 floats (2 KiB: the d512 model's weights) at 145-171
+  // GFLOP/s against oneDNN's 103-123; other strides measured within noise of oneDNN.
+  return below_avx512 && (trans_a || ldb % kGemmPackedStride == 0);
 }
 
 void set_pad_aliased_b(PadAliasedB mode) { pad_aliased_b_mode.store(static_cast<int>(mode)); }
@@ -168,7 +170,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const GemmPanels p = gemm_panels(m, n, k);
   const int64_t row_panels = (m + p.rows - 1) / p.rows, col_panels = (n + p.cols - 1) / p.cols;
   const int64_t panels = row_panels * col_panels;
-  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b);
+  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
   auto run_panel = [&](int64_t panel) {
     const int64_t i0 = (panel / col_panels) * p.rows, j0 = (panel % col_panels) * p.cols;
     const int64_t mi = std::min(p.rows, m - i0), nj = std::min(p.cols, n - j0);

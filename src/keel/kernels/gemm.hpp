@@ -31,12 +31,14 @@ bool gemm_pads_aliased_b();
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k);
 // What computes each panel: the linked BLAS (Backend), or keel's packed microkernel (Packed,
 // block_gemm.hpp; builds whose microkernel is AVX2 only). Auto takes Packed where it was
-// measured faster: the TN form (weight gradients) when oneDNN runs below AVX-512
-// (docs/performance.md, "keel's own GEMM on AVX2"). KEEL_GEMM=packed|backend overrides Auto;
+// measured faster: when oneDNN runs below AVX-512, the TN form (weight gradients) and every
+// product whose B has a row stride of a multiple of kGemmPackedStride floats (docs/performance.md,
+// "keel's own GEMM on AVX2"). KEEL_GEMM=packed|backend overrides Auto;
 // tests force each to compare them.
 enum class GemmKernel { Auto, Backend, Packed };
 void set_gemm_kernel(GemmKernel kernel);
-bool gemm_uses_packed_kernel(bool trans_a, bool trans_b);
+constexpr int64_t kGemmPackedStride = 512;
+bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb);
 
 // Same contract as gemm; a triple loop accumulating in double. For tests only.
 void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
