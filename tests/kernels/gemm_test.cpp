@@ -192,6 +192,41 @@ TEST(GemmKernel, PaddedAliasedBMatchesReference) {
   omp_set_num_threads(saved);
 }
 
+// The team form packs B once for all threads and hands out blocks of C: every block must come
+// out bit for bit as the one-thread packed_gemm computes it, with one thread or two. Shapes with
+// several row blocks, column groups and k blocks, narrowed groups (small m), alpha and beta.
+TEST(GemmKernel, PackedTeamMatchesOneThreadBitForBit) {
+  const GemmCase cases[] = {
+      {false, true, 300, 700, 600, 1.f, 0.f},  {false, false, 50, 100, 30, 2.f, 0.5f},
+      {true, false, 256, 1024, 513, 1.f, 1.f}, {true, true, 7, 3, 1000, 1.f, 0.f},
+      {false, false, 2048, 64, 256, 0.5f, 0.f},
+  };
+  const bool has_microkernel = std::string(block_gemm_isa()) != "gemm";
+  const int saved = omp_get_max_threads();
+  for (const GemmCase& cs : cases) {
+    const int64_t lda = cs.ta ? cs.m : cs.k, ldb = cs.tb ? cs.k : cs.n, ldc = cs.n;
+    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 31);
+    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 32);
+    const auto c0 = random_vector(size_t(cs.m * ldc), 33);
+    auto one = c0;
+    packed_gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, one.data(), ldc);
+    for (int threads : {1, std::max(2, saved)}) {
+      omp_set_num_threads(threads);
+      auto team = c0;
+      const bool ran = packed_gemm_team(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb,
+                                        cs.beta, team.data(), ldc);
+      ASSERT_EQ(ran, has_microkernel);
+      if (ran) {
+        ASSERT_EQ(team, one) << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " threads=" << threads;
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+  // A B over 32 MiB packed is left to gemm's panels.
+  const float x = 0.f;
+  EXPECT_FALSE(packed_gemm_team(false, false, 1, int64_t(1) << 15, 1 << 9, 1.f, &x, 1, &x, 1, 0.f, nullptr, 1));
+}
+
 TEST(GemmKernel, ZeroInnerDimensionScalesByBeta) {
   std::vector<float> c = {1.f, 2.f, 3.f, 4.f};
   const float dummy = 0.f;

@@ -178,6 +178,9 @@ namespace {
 // from L2 or L3 once per block of A. 512 columns measured 1.03-1.07x of 1,024 on the Zen 4.
 constexpr int64_t kPackK = 256, kPackRows = 24 * kTileRows, kPackCols = 512;
 constexpr int64_t kChunk = int64_t(kTileVecs) * kLanes;
+// packed_gemm_team packs all of B when it is at most this many floats (32 MiB), and cuts C into
+// at least this many items where the shape allows.
+constexpr int64_t kPackedTeamMaxB = int64_t(8) << 20, kPackedTeamMinItems = 8;
 
 // op(B)[p0 .. p0+kc) × [j0 .. j0+nc) -> chunks of kChunk columns, each kc rows of kChunk floats
 // (columns past nc zero).
@@ -258,45 +261,96 @@ T* grown(std::vector<T>& buf, size_t count) {
   return buf.data();
 }
 
+// Every tile of an mc × ncols block of C, from packed A (mc rows, kc steps) and the packed B
+// slabs of those columns (kc rows each); accumulate adds to C instead of overwriting it.
+void multiply_packed(const float* ap, int64_t mc, int64_t kc, const float* bp, int64_t ncols, float* c, int64_t ldc,
+                     bool accumulate) {
+  for (int64_t jb = 0; jb < ncols; jb += kChunk) {
+    const int cols = int(std::min(kChunk, ncols - jb));
+    const int vecs = (cols + kLanes - 1) / kLanes, rest = cols % kLanes;
+    const float* bchunk = bp + (jb / kChunk) * kc * kChunk;
+    for (int64_t ib = 0; ib < mc; ib += kTileRows) {
+      const int rows = int(std::min<int64_t>(kTileRows, mc - ib));
+      const TileFn fn = kTilesT[size_t(((rows - 1) * kTileVecs + vecs - 1) * 2 + (rest != 0 ? 1 : 0))];
+      fn(kc, ap + (ib / kTileRows) * kc * kTileRows, kTileRows, bchunk, kChunk, c + ib * ldc + jb, ldc, accumulate,
+         rest);
+    }
+  }
+}
+
+float* packed_a_buffer() {
+  thread_local std::vector<float> packed_a;
+  return grown(packed_a, size_t(kPackRows * kPackK + kPackASlack));
+}
+
+void scale_by_beta(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+}
+
 }  // namespace
 
 void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  if (beta != 0.f && beta != 1.f)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] *= beta;
-  if (k <= 0) {
-    if (beta == 0.f)
-      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.f);
-    return;
-  }
-  thread_local std::vector<float> packed_a, packed_b;
-  float* ap = grown(packed_a, size_t(kPackRows * kPackK + kPackASlack));
+  if (k <= 0 || (beta != 0.f && beta != 1.f)) scale_by_beta(m, n, beta, c, ldc);
+  if (k <= 0) return;
+  float* ap = packed_a_buffer();
+  thread_local std::vector<float> packed_b;
   float* bp = grown(packed_b, size_t(kPackK * ((kPackCols + kChunk - 1) / kChunk * kChunk)));
   for (int64_t j0 = 0; j0 < n; j0 += kPackCols) {
     const int64_t nc = std::min(kPackCols, n - j0);
     for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
       const int64_t kc = std::min(kPackK, k - p0);
-      const bool accumulate = p0 > 0 || beta != 0.f;
       pack_b(trans_b, b, ldb, p0, kc, j0, nc, bp);
       for (int64_t i0 = 0; i0 < m; i0 += kPackRows) {
         const int64_t mc = std::min(kPackRows, m - i0);
         pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap);
-        for (int64_t jb = 0; jb < nc; jb += kChunk) {
-          const int cols = int(std::min(kChunk, nc - jb));
-          const int vecs = (cols + kLanes - 1) / kLanes, rest = cols % kLanes;
-          const float* bchunk = bp + (jb / kChunk) * kc * kChunk;
-          for (int64_t ib = 0; ib < mc; ib += kTileRows) {
-            const int rows = int(std::min<int64_t>(kTileRows, mc - ib));
-            const TileFn fn = kTilesT[size_t(((rows - 1) * kTileVecs + vecs - 1) * 2 + (rest != 0 ? 1 : 0))];
-            fn(kc, ap + (ib / kTileRows) * kc * kTileRows, kTileRows, bchunk, kChunk,
-               c + (i0 + ib) * ldc + j0 + jb, ldc, accumulate, rest);
-          }
-        }
+        multiply_packed(ap, mc, kc, bp, nc, c + i0 * ldc + j0, ldc, p0 > 0 || beta != 0.f);
       }
     }
   }
+}
+
+bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t n_padded = (n + kChunk - 1) / kChunk * kChunk;
+  if (m <= 0 || n <= 0 || k <= 0 || k * n_padded > kPackedTeamMaxB) return false;
+  // All of op(B), packed once by the team into the calling thread's buffer: for each block of
+  // kPackK steps (at p0·n_padded), its slabs side by side.
+  thread_local std::vector<float> whole_b;
+  float* bp = grown(whole_b, size_t(k * n_padded));
+  const int64_t k_blocks = (k + kPackK - 1) / kPackK, chunks = n_padded / kChunk;
+  // Items of C: kPackRows rows by `group` columns, narrowed until there are enough to balance a
+  // few threads. A function of the shape alone, like gemm's panels.
+  const int64_t row_blocks = (m + kPackRows - 1) / kPackRows;
+  int64_t group = (kPackCols + kChunk - 1) / kChunk * kChunk;
+  while (row_blocks * ((n + group - 1) / group) < kPackedTeamMinItems && group / 2 >= 4 * kChunk) group /= 2;
+  const int64_t col_groups = (n + group - 1) / group, items = row_blocks * col_groups;
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < k_blocks * chunks; ++t) {
+      const int64_t p0 = (t / chunks) * kPackK, j0 = (t % chunks) * kChunk;
+      const int64_t kc = std::min(kPackK, k - p0);
+      pack_b(trans_b, b, ldb, p0, kc, j0, std::min(kChunk, n - j0), bp + p0 * n_padded + (j0 / kChunk) * kc * kChunk);
+    }  // the for's barrier: B is whole before any item reads it
+    float* ap = packed_a_buffer();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t i0 = (item / col_groups) * kPackRows, j0 = (item % col_groups) * group;
+      const int64_t mc = std::min(kPackRows, m - i0), ncols = std::min(group, n - j0);
+      float* citem = c + i0 * ldc + j0;
+      if (beta != 0.f && beta != 1.f) scale_by_beta(mc, ncols, beta, citem, ldc);
+      for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
+        const int64_t kc = std::min(kPackK, k - p0);
+        pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap);
+        multiply_packed(ap, mc, kc, bp + p0 * n_padded + (j0 / kChunk) * kc * kChunk, ncols, citem, ldc,
+                        p0 > 0 || beta != 0.f);
+      }
+    }
+  }
+  return true;
 }
 
 const char* block_gemm_isa() {
@@ -317,6 +371,11 @@ void block_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, i
 void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_reference(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool packed_gemm_team(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
+                      float*, int64_t) {
+  return false;
 }
 
 const char* block_gemm_isa() { return "gemm"; }

@@ -23,6 +23,13 @@ void block_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, i
 void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// packed_gemm's contract, run by an OpenMP team from outside a parallel region: the team packs
+// op(B) once and shares it, then takes blocks of C as they come free, each computed exactly as
+// packed_gemm computes it (so the bits do not depend on the team size). Returns false, having
+// done nothing, where packed B would exceed 32 MiB or the build has no microkernel.
+bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // x: (rows, cols) at row stride ld -> out: (cols, rows) at row stride out_ld, the transpose.
 // 8×8 blocks through AVX registers where the build has AVX, scalar for the ragged edges.
 void transpose_block(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out, int64_t out_ld);

@@ -167,10 +167,15 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
     return;
   }
+  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
+  // keel's kernel: the team packs B once and shares it (block_gemm.cpp); too large a B takes the
+  // panels below, each packing its own.
+  if (packed && !omp_in_parallel() &&
+      packed_gemm_team(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    return;
   const GemmPanels p = gemm_panels(m, n, k);
   const int64_t row_panels = (m + p.rows - 1) / p.rows, col_panels = (n + p.cols - 1) / p.cols;
   const int64_t panels = row_panels * col_panels;
-  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
   auto run_panel = [&](int64_t panel) {
     const int64_t i0 = (panel / col_panels) * p.rows, j0 = (panel % col_panels) * p.cols;
     const int64_t mi = std::min(p.rows, m - i0), nj = std::min(p.cols, n - j0);
