@@ -1,6 +1,7 @@
 // Blockwise attention alone, forward and backward, at a training shape: median seconds of each
 // and the rate over the causal FLOP count (the blocks computed, masked halves included, are
-// ~(T/64 + 1)/(2·T/64) of a full T×T product). Usage: attention_bench [B T H Dk Dv REPEATS].
+// ~(T/64 + 1)/(2·T/64) of a full T×T product). Usage: attention_bench [B T H Dk Dv REPEATS HKV]
+// (HKV: kv heads, H by default; 1 is MQA).
 // docs/performance.md, "Attention's blocks".
 #include <omp.h>
 
@@ -30,12 +31,16 @@ int main(int argc, char** argv) {
   auto arg = [&](int i, long fallback) { return argc > i ? std::atol(argv[i]) : fallback; };
   const int64_t B = arg(1, 8), T = arg(2, 256), H = arg(3, 4), Dk = arg(4, 64), Dv = arg(5, Dk);
   const int repeats = int(arg(6, 9));
-  keel::kernels::AttentionDims d{B, T, H, H, Dk, Dv, float(1 / std::sqrt(double(Dk)))};
-  std::vector<float> q(size_t(B * T * H * Dk)), k(q.size()), v(size_t(B * T * H * Dv)), out(v.size()), dout(v.size());
+  const int64_t Hkv = arg(7, H);
+  keel::kernels::AttentionDims d{B, T, H, Hkv, Dk, Dv, float(1 / std::sqrt(double(Dk)))};
+  std::vector<float> q(size_t(B * T * H * Dk)), k(size_t(B * T * Hkv * Dk)), v(size_t(B * T * Hkv * Dv));
+  std::vector<float> out(size_t(B * T * H * Dv)), dout(out.size());
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), lse(size_t(B * H * T));
   std::vector<float> mx(static_cast<size_t>(H), -1e30f);
-  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(float(i) * 0.37f), k[i] = std::cos(float(i) * 0.11f);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(float(i) * 0.05f), dout[i] = std::cos(float(i) * 0.23f);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(float(i) * 0.37f);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(float(i) * 0.11f);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(float(i) * 0.05f);
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::cos(float(i) * 0.23f);
   // Causal FLOPs: QKᵀ and PV forward, five products backward, over half the T×T scores.
   const double half = double(T) * double(T + 1) / 2, fwd = 2 * half * double(B * H) * double(Dk + Dv);
   const double bwd = 2 * half * double(B * H) * double(3 * Dk + 2 * Dv);
@@ -52,8 +57,9 @@ int main(int argc, char** argv) {
     tb.push_back(std::chrono::duration<double>(t2 - t1).count());
   }
   const double f = median(tf), b = median(tb);
-  std::printf("CPU: %s; microkernel: %s; threads %d; B %ld T %ld H %ld Dk %ld Dv %ld\n", cpu_model().c_str(),
-              keel::kernels::block_gemm_isa(), omp_get_max_threads(), long(B), long(T), long(H), long(Dk), long(Dv));
+  std::printf("CPU: %s; microkernel: %s; threads %d; B %ld T %ld H %ld Hkv %ld Dk %ld Dv %ld\n", cpu_model().c_str(),
+              keel::kernels::block_gemm_isa(), omp_get_max_threads(), long(B), long(T), long(H), long(Hkv), long(Dk),
+              long(Dv));
   std::printf("forward  %8.3f ms  %6.1f GFLOP/s\nbackward %8.3f ms  %6.1f GFLOP/s\n", f * 1e3, fwd / f * 1e-9,
               b * 1e3, bwd / b * 1e-9);
   return 0;

@@ -252,6 +252,86 @@ TEST(AttentionKernel, BitIdenticalForOneAndTwoThreads) {
   EXPECT_GT(norm, 1e-6);  // the gradients are not trivially zero
 }
 
+// The backward's exact gradients in double over each head's full T×T scores (dense layouts,
+// no cache): P = softmax(z), z = cap·tanh(s/cap) or s, s = scale·q·k; dS = P·(dP - Σ P·dP)·∂z/∂s.
+void reference_backward(const Inputs& in, const std::vector<float>& g, const AttentionDims& d, std::vector<double>& dq,
+                        std::vector<double>& dk, std::vector<double>& dv) {
+  const int64_t T = d.seq, H = d.heads, Hkv = d.kv_heads, Dk = d.qk_dim, Dv = d.v_dim, group = H / Hkv;
+  dq.assign(in.q.size(), 0.0), dk.assign(in.k.size(), 0.0), dv.assign(in.v.size(), 0.0);
+  std::vector<double> p(static_cast<size_t>(T)), dz(p.size()), dp(p.size());
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t kvh = h / group, first = d.window > 0 ? std::max<int64_t>(0, t - d.window + 1) : 0;
+        const size_t qrow = size_t(((b * T + t) * H + h) * Dk), grow = size_t(((b * T + t) * H + h) * Dv);
+        auto krow = [&](int64_t u) { return size_t(((b * T + u) * Hkv + kvh) * Dk); };
+        auto vrow = [&](int64_t u) { return size_t(((b * T + u) * Hkv + kvh) * Dv); };
+        double zmax = -1e300;
+        for (int64_t u = first; u <= t; ++u) {
+          double s = 0;
+          for (int64_t c = 0; c < Dk; ++c) s += double(in.q[qrow + size_t(c)]) * in.k[krow(u) + size_t(c)];
+          s *= d.scale;
+          const double th = d.softcap > 0.f ? std::tanh(s / d.softcap) : 0.0;
+          p[size_t(u)] = d.softcap > 0.f ? d.softcap * th : s;
+          dz[size_t(u)] = d.softcap > 0.f ? 1 - th * th : 1.0;
+          zmax = std::max(zmax, p[size_t(u)]);
+        }
+        double sum = 0, pdp = 0;
+        for (int64_t u = first; u <= t; ++u) sum += p[size_t(u)] = std::exp(p[size_t(u)] - zmax);
+        for (int64_t u = first; u <= t; ++u) {
+          p[size_t(u)] /= sum;
+          double x = 0;
+          for (int64_t c = 0; c < Dv; ++c) x += double(g[grow + size_t(c)]) * in.v[vrow(u) + size_t(c)];
+          dp[size_t(u)] = x;
+          pdp += p[size_t(u)] * x;
+        }
+        for (int64_t u = first; u <= t; ++u) {
+          const double ds = p[size_t(u)] * (dp[size_t(u)] - pdp) * dz[size_t(u)] * d.scale;
+          for (int64_t c = 0; c < Dk; ++c) {
+            dq[qrow + size_t(c)] += ds * in.k[krow(u) + size_t(c)];
+            dk[krow(u) + size_t(c)] += ds * in.q[qrow + size_t(c)];
+          }
+          for (int64_t c = 0; c < Dv; ++c) dv[vrow(u) + size_t(c)] += p[size_t(u)] * g[grow + size_t(c)];
+        }
+      }
+}
+
+// Every gradient entry against the double reference, for shapes that split the backward's work
+// differently: (sequence, kv head) pairs enough for one run each, and MQA or GQA at batch 1 over
+// several blocks, whose query blocks are split into runs whose dk and dv shares are added after.
+TEST(AttentionKernel, BackwardMatchesDoubleReferenceForEverySplit) {
+  const AttentionDims cases[] = {dims(4, 130, 4, 2, 16, 16, 0.f),            // 8 pairs: one run each
+                                 dims(1, 300, 4, 1, 24, 16, 0.f),            // MQA, batch 1: five runs
+                                 dims(1, 520, 2, 1, 16, 8, 2.f),             // nine blocks, eight runs
+                                 dims(3, 200, 4, 2, 16, 16, 0.f),            // 6 pairs: two runs over four blocks
+                                 windowed(dims(1, 400, 4, 1, 16, 16, 0.f), 90),  // runs within a band
+                                 windowed(dims(2, 260, 2, 2, 8, 8, 1.f), 64)};
+  for (const AttentionDims& d : cases) {
+    const Inputs in = make_inputs(d, 41, 1.5f);
+    const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim);
+    const std::vector<float> g = random_vector(out_n, 43);
+    std::vector<float> out(out_n), lse(size_t(d.batch * d.heads * d.seq)), mx(size_t(d.heads));
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+    std::vector<float> dq(in.q.size(), 0.f), dk(in.k.size(), 0.f), dv(in.v.size(), 0.f);
+    attention_backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(),
+                       dv.data(), d);
+    std::vector<double> rq, rk, rv;
+    reference_backward(in, g, d, rq, rk, rv);
+    const std::string tag = "B=" + std::to_string(d.batch) + " T=" + std::to_string(d.seq) +
+                            " Hkv=" + std::to_string(d.kv_heads) + " W=" + std::to_string(d.window) + " ";
+    auto expect_close = [&](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+      double scale = 0;
+      for (double x : want) scale = std::max(scale, std::abs(x));
+      ASSERT_GT(scale, 1e-3) << tag << what;  // not trivially zero
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-5 * scale + 1e-4 * std::abs(want[i])) << tag << what << "[" << i << "]";
+    };
+    expect_close(dq, rq, "dq");
+    expect_close(dk, rk, "dk");
+    expect_close(dv, rv, "dv");
+  }
+}
+
 TEST(AttentionKernel, GradientsOddWidthsWideValues) { check_gradients(dims(1, 70, 2, 1, 13, 80, 0.f), 19); }
 TEST(AttentionKernel, GradientsSlidingWindowAcrossBlocks) { check_gradients(windowed(dims(1, 140, 4, 2, 16, 12, 0.f), 70), 16); }
 TEST(AttentionKernel, GradientsSlidingWindowNarrowSoftcap) { check_gradients(windowed(dims(2, 9, 2, 1, 8, 8, 2.f), 3), 17); }

@@ -107,6 +107,31 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
   }
 }
 
+// The backward wants at least this many tasks, so that a team of a few threads stays busy to
+// the end under dynamic scheduling. A constant, not the team size: the split must not depend on it.
+constexpr int64_t kBackwardTasks = 8;
+
+// Splits a sequence's q_blocks query blocks into runs for the backward, when fewer than
+// kBackwardTasks (sequence, kv head) pairs would leave threads idle. Returns the first block of
+// each run and q_blocks at the end. Runs take about equal work: a query block's work is the key
+// blocks it sees, which grows along a causal sequence, so later runs hold fewer blocks.
+std::vector<int64_t> backward_query_runs(const AttentionDims& d, int64_t q_blocks, int64_t pairs) {
+  const int64_t runs = std::max<int64_t>(1, std::min(q_blocks, (kBackwardTasks + pairs - 1) / pairs));
+  std::vector<int64_t> work_before(size_t(q_blocks + 1), 0);
+  for (int64_t i = 0; i < q_blocks; ++i)
+    work_before[size_t(i + 1)] = work_before[size_t(i)] + i - first_key(d, i * kBq) / kBk + 1;
+  std::vector<int64_t> start{0};
+  int64_t cut = 0;
+  for (int64_t r = 1; r < runs; ++r) {
+    const double target = double(work_before[size_t(q_blocks)]) * double(r) / double(runs);
+    auto off = [&](int64_t i) { return std::abs(double(work_before[size_t(i)]) - target); };
+    while (cut < q_blocks && off(cut + 1) <= off(cut)) ++cut;
+    start.push_back(cut);
+  }
+  start.push_back(q_blocks);
+  return start;
+}
+
 }  // namespace
 
 // q: (B,T,Hq,Dqk), k: (B,T,Hkv,Dqk), v: (B,T,Hkv,Dv) -> out: (B,T,Hq,Dv), lse: (B,Hq,T); max_logit: (Hq)
@@ -275,8 +300,28 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       delta[size_t(((bt / T) * H + h) * T + bt % T)] = acc;
     }
 
-  // One task per (batch, kv head): it owns dk/dv of that kv head and dq of its query heads, so
-  // no two threads write the same gradient and the sums are deterministic.
+  // Tasks are (sequence, kv head, run of query blocks). A task owns dq of its query rows for the
+  // heads of its kv head, so dq is summed over key blocks in the same order whatever the split.
+  // With one run per (sequence, kv head) it also owns that kv head's dk and dv and adds into them;
+  // with several (too few pairs to keep a team busy: MQA or a long sequence at batch 1), each
+  // run writes its share of dk and dv to its own slice and the slices are added in run order
+  // afterwards. The split depends only on the shapes, so the bits do not depend on the team.
+  const int64_t q_blocks = (T + kBq - 1) / kBq, pairs = B * Hkv;
+  const std::vector<int64_t> run_start = backward_query_runs(d, q_blocks, pairs);
+  const int64_t runs = int64_t(run_start.size()) - 1, tasks = pairs * runs;
+  // A run of query rows [qa, qe) reads the key rows [key_begin, key_end).
+  auto key_end = [&](int64_t r) { return std::min(T, run_start[size_t(r + 1)] * kBq); };
+  auto key_begin = [&](int64_t r) {
+    const int64_t qa = run_start[size_t(r)] * kBq;
+    return qa >= key_end(r) ? key_end(r) : first_key(d, qa) / kBk * kBk;  // an empty run reads nothing
+  };
+  const int64_t slice = T * (Dk + Dv);  // a run's dk rows then dv rows, dense
+  thread_local std::vector<float> slices_kept;  // kept between calls, as the forward's V copy
+  if (runs > 1 && slices_kept.size() < size_t(tasks * slice)) {
+    slices_kept = std::vector<float>();
+    slices_kept.resize(size_t(tasks * slice));
+  }
+  float* const slices = slices_kept.data();
 #pragma omp parallel
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
@@ -286,11 +331,15 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), kc(size_t(kBk * Dk));
     std::vector<float> qc(size_t(kBq * Dk)), gc(size_t(kBq * Dv));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * Hkv; ++task) {
-      const int64_t b = task / Hkv, kvh = task % Hkv;
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t pair = task / runs, run = task % runs, b = pair / Hkv, kvh = pair % Hkv;
+      const int64_t qa = run_start[size_t(run)] * kBq, qe = key_end(run);
+      if (qa >= qe) continue;
       const float* kbase = k + b * T * ks + kvh * Dk;
       const float* vbase = v + b * T * vs + kvh * Dv;
-      for (int64_t k0 = 0; k0 < T; k0 += kBk) {
+      float* dk_slice = slices + task * slice;
+      float* dv_slice = dk_slice + T * Dk;
+      for (int64_t k0 = key_begin(run); k0 < qe; k0 += kBk) {
         const int64_t nk = std::min(kBk, T - k0);
         std::fill(dkb.begin(), dkb.end(), 0.f);
         std::fill(dvb.begin(), dvb.end(), 0.f);
@@ -298,10 +347,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         pack_transposed(vbase + k0 * vs, nk, Dv, vs, vt.data());
         pack_rows(kbase + k0 * ks, nk, Dk, ks, kc.data());
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          // Queries that see this key block: from its own block on, and without a window to the
-          // end; with one, only until the block's last key drops out of the band.
-          const int64_t q_end = d.window > 0 ? std::min(T, k0 + nk - 1 + d.window) : T;
-          for (int64_t q0 = (k0 / kBq) * kBq; q0 < q_end; q0 += kBq) {
+          // The run's queries that see this key block: from its own block on, and without a
+          // window to the run's end; with one, only until the block's last key drops out of the band.
+          const int64_t q_end = d.window > 0 ? std::min(qe, k0 + nk - 1 + d.window) : qe;
+          for (int64_t q0 = std::max(qa, (k0 / kBq) * kBq); q0 < q_end; q0 += kBq) {
             const int64_t nq = std::min(kBq, T - q0);
             const float* lse_r = lse + (b * H + h) * T + q0;
             const float* delta_r = delta.data() + (b * H + h) * T + q0;
@@ -340,11 +389,35 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
           }
         }
-        for (int64_t j = 0; j < nk; ++j) {
-          float* dkr = dk + (b * T + k0 + j) * ks + kvh * Dk;
-          float* dvr = dv + (b * T + k0 + j) * vs + kvh * Dv;
-          for (int64_t c = 0; c < Dk; ++c) dkr[c] += dkb[size_t(j * Dk + c)];
-          for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvb[size_t(j * Dv + c)];
+        if (runs == 1) {
+          for (int64_t j = 0; j < nk; ++j) {
+            float* dkr = dk + (b * T + k0 + j) * ks + kvh * Dk;
+            float* dvr = dv + (b * T + k0 + j) * vs + kvh * Dv;
+            for (int64_t c = 0; c < Dk; ++c) dkr[c] += dkb[size_t(j * Dk + c)];
+            for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvb[size_t(j * Dv + c)];
+          }
+        } else {
+          std::copy(dkb.begin(), dkb.begin() + nk * Dk, dk_slice + k0 * Dk);
+          std::copy(dvb.begin(), dvb.begin() + nk * Dv, dv_slice + k0 * Dv);
+        }
+      }
+    }
+    if (runs > 1) {
+      // Every run's slice is written (the for's barrier); each key row adds the runs that read it,
+      // in run order.
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < pairs * T; ++row) {
+        const int64_t pair = row / T, t = row % T, b = pair / Hkv, kvh = pair % Hkv;
+        float* dkr = dk + (b * T + t) * ks + kvh * Dk;
+        float* dvr = dv + (b * T + t) * vs + kvh * Dv;
+        for (int64_t run = 0; run < runs; ++run) {
+          if (t < key_begin(run) || t >= std::min(T, (key_end(run) + kBk - 1) / kBk * kBk)) continue;
+          const float* dks = slices + (pair * runs + run) * slice + t * Dk;
+          const float* dvs = slices + (pair * runs + run) * slice + T * Dk + t * Dv;
+#pragma omp simd
+          for (int64_t c = 0; c < Dk; ++c) dkr[c] += dks[c];
+#pragma omp simd
+          for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvs[c];
         }
       }
     }
