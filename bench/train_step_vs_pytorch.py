@@ -11,13 +11,16 @@ keel's own bf16/fp32 speed ratio (docs/precision.md).
 The PyTorch side is the fastest PyTorch on the machine for the same model and step: with
 --peer auto (the default) every candidate of bench/torch_peers.py (the fixtures' reference model,
 a nanoGPT-style nn.Module with for-loop or foreach AdamW, a baddbmm-fused attention) is measured
-under both of Debian's OpenBLAS builds (OpenMP and pthread), and the fastest is raced. The race
+under both of Debian's OpenBLAS builds (OpenMP and pthread) and the fastest is raced; first, with
+--alloc auto, the allocator under PyTorch is chosen the same way (glibc as it comes, glibc told to
+keep freed memory, jemalloc told to keep it: see ALLOCATORS). The race
 is interleaved and repeated (keel, peer, keel, peer, ...): each pair gives a ratio, and the
 median ratio and its spread (min..max over pairs) are reported, with the CPU model and ISA. Every
 run is its own process, so each peak RSS is its own.
 
     /usr/bin/python3 bench/train_step_vs_pytorch.py [--keel build/release/keel] [--cases small,gpt2,large]
         [--repeat 5] [--peer auto|reference|plain|plain_foreach|plain_fused] [--blas auto|openmp|pthread]
+        [--alloc auto|glibc|glibc_kept|jemalloc_kept]
 """
 import argparse
 import json
@@ -81,6 +84,25 @@ def torch_muon(torch, muon_params, adamw):
         return ns
     return step
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"  # Debian's libjemalloc2 (install-deps.sh --torch)
+
+# The allocator under PyTorch. Its CPU tensors are malloc'd and freed every op; glibc gives large
+# blocks back to the kernel (mmap threshold, heap trim), so every step faults its activations in
+# again, and where faults are dear that decides the race (a Zen 5 VM, 2026-12-03: the plain peer at
+# 1,922 tok/s as it comes, 3,994 with glibc told to keep memory, 4,257 with jemalloc told to keep
+# it; docs/performance.md). keel keeps its own buffers between steps, so the peer may keep its too.
+# glibc's settings are its documented environment tunables (mallopt(3)); jemalloc's are its
+# MALLOC_CONF options, decay -1: never purge dirty pages.
+ALLOCATORS = {
+    "glibc": {},
+    "glibc_kept": {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 36),
+                   "MALLOC_TOP_PAD_": str(1 << 30)},
+    "jemalloc_kept": {"LD_PRELOAD": JEMALLOC, "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1"},
+}
+
+
+def allocators_here():
+    return [a for a in ALLOCATORS if a != "jemalloc_kept" or os.path.exists(JEMALLOC)]
 
 
 def torch_worker(config, batch, seq, steps, warmup, optimizer, precision="fp32", peer="reference"):
@@ -156,8 +178,11 @@ def reference_step(torch, cfg, batch, seq, optimizer, precision):
 
 
 def run_torch(config, batch, seq, steps, warmup, threads, optimizer, precision="fp32", peer="reference",
-              blas="openmp"):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+              blas="openmp", alloc="glibc"):
+    if alloc not in allocators_here():
+        raise SystemExit(f"train_step_vs_pytorch.py: allocator {alloc} is not here (have: {', '.join(allocators_here())}; "
+                         "jemalloc comes with scripts/install-deps.sh --torch)")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **ALLOCATORS[alloc])
     if blas == "openmp" and os.path.isdir(OPENMP_BLAS):
         env["LD_LIBRARY_PATH"] = OPENMP_BLAS + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     out = subprocess.run([sys.executable, __file__, "--torch-worker", config, str(batch), str(seq), str(steps),
@@ -218,29 +243,37 @@ def peer_candidates(config, optimizer, precision, peer, blas):
 
 
 def choose_peer(args, config, batch, seq, optimizer, precision):
-    """Every candidate once (--search-repeat times), interleaved; the fastest by median tokens/s."""
+    """The allocator first, on the first (peer, BLAS) candidate, then every (peer, BLAS) candidate
+    under it: each --search-repeat times, interleaved; the fastest by median tokens/s. Returns
+    (peer, blas, alloc) and the tokens/s seen, by "peer/blas/alloc"."""
     cands = peer_candidates(config, optimizer, precision, args.peer, args.blas)
-    if len(cands) == 1:
-        return cands[0], {}
-    seen = {c: [] for c in cands}
-    for _ in range(args.search_repeat):
-        for c in cands:
-            seen[c].append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
-                                     precision, *c)["tokens_per_s"])
-    table = {f"{p}/{b}": round(median(v), 1) for (p, b), v in seen.items()}
-    return max(cands, key=lambda c: median(seen[c])), table
+    allocs = allocators_here() if args.alloc == "auto" else [args.alloc]
+    seen = {}
+
+    def search(trials):
+        if len(trials) == 1:
+            return trials[0]
+        for _ in range(args.search_repeat):
+            for c in trials:
+                seen.setdefault(c, []).append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads,
+                                                        optimizer, precision, *c)["tokens_per_s"])
+        return max(trials, key=lambda c: median(seen[c]))
+
+    alloc = search([(*cands[0], a) for a in allocs])[2]
+    best = search([(*c, alloc) for c in cands])
+    return best, {"/".join(c): round(median(v), 1) for c, v in seen.items()}
 
 
 def race(args, case):
     config, batch, seq, optimizer, *rest = CASES[case]
     precision = rest[0] if rest else "fp32"
-    (peer, blas), searched = choose_peer(args, config, batch, seq, optimizer, precision)
+    (peer, blas, alloc), searched = choose_peer(args, config, batch, seq, optimizer, precision)
     ks, ts, k32s = [], [], []
     for _ in range(args.repeat):
         ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
                            precision))
         ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision,
-                            peer, blas))
+                            peer, blas, alloc))
         if precision == "bf16":
             k32s.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer))
     ratios = [k["tokens_per_s"] / t["tokens_per_s"] for k, t in zip(ks, ts)]
@@ -250,7 +283,7 @@ def race(args, case):
     t_mb = median([t["peak_rss_mb"] for t in ts])
     row = {"case": case, "config": config, "batch": batch, "seq": seq, "optimizer": optimizer,
            "precision": precision, "cpu": cpu_description(), "threads": args.threads, "pairs": args.repeat,
-           "peer": peer, "peer_blas": blas, "peer_candidates_tokens_per_s": searched,
+           "peer": peer, "peer_blas": blas, "peer_alloc": alloc, "peer_candidates_tokens_per_s": searched,
            "keel_tokens_per_s": round(k_tps, 1), "torch_tokens_per_s": round(t_tps, 1),
            "speed_ratio": round(median(ratios), 3), "speed_ratio_min": round(min(ratios), 3),
            "speed_ratio_max": round(max(ratios), 3),
@@ -272,7 +305,7 @@ def race(args, case):
 
 def print_row(row):
     print(f"{row['case']:6s} B={row['batch']} T={row['seq']}: keel {row['keel_tokens_per_s']:>8.0f} tok/s  "
-          f"torch[{row['peer']}/{row['peer_blas']}] {row['torch_tokens_per_s']:>8.0f} tok/s  "
+          f"torch[{row['peer']}/{row['peer_blas']}/{row['peer_alloc']}] {row['torch_tokens_per_s']:>8.0f} tok/s  "
           f"ratio {row['speed_ratio']:.2f}x (median of {row['pairs']} pairs, {row['speed_ratio_min']:.2f}.."
           f"{row['speed_ratio_max']:.2f})  |  peak RSS keel {row['keel_peak_mb']:.0f} MB, "
           f"torch {row['torch_peak_mb']:.0f} MB (ratio {row['memory_ratio']:.2f})", flush=True)
@@ -306,6 +339,8 @@ def main():
     ap.add_argument("--peer", default="auto", help="PyTorch candidate to race (auto: the fastest measured)")
     ap.add_argument("--blas", default="auto", choices=["auto", "openmp", "pthread"],
                     help="OpenBLAS build under PyTorch (auto: the fastest measured)")
+    ap.add_argument("--alloc", default="auto", choices=["auto", *ALLOCATORS],
+                    help="allocator under PyTorch (auto: the fastest measured; see ALLOCATORS)")
     ap.add_argument("--search-repeat", type=int, default=2, help="runs of each candidate when --peer/--blas is auto")
     ap.add_argument("--json", action="store_true", help="print one JSON object per case")
     args = ap.parse_args()

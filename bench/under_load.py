@@ -49,7 +49,7 @@ def stop_load(proc):
     proc.wait()
 
 
-def measure(args, load, peer, blas):
+def measure(args, load, peer, blas, alloc):
     ks, ts = [], []
     proc = start_load(load)
     try:
@@ -58,7 +58,7 @@ def measure(args, load, peer, blas):
             ks.append(tsv.run_keel(args.keel, args.config, args.batch, args.seq, args.steps, args.warmup,
                                    args.threads, "adamw", extra=args.keel_args)["tokens_per_s"])
             ts.append(tsv.run_torch(args.config, args.batch, args.seq, args.steps, args.warmup, args.threads,
-                                    "adamw", "fp32", peer, blas)["tokens_per_s"])
+                                    "adamw", "fp32", peer, blas, alloc)["tokens_per_s"])
     finally:
         stop_load(proc)
     return tsv.median(ks), tsv.median(ts), ks, ts
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--loads", default="idle,busy,stream")
     ap.add_argument("--peer", default="plain_foreach", help="PyTorch candidate (bench/torch_peers.py)")
     ap.add_argument("--blas", default="openmp", choices=["openmp", "pthread"])
+    ap.add_argument("--alloc", default="jemalloc_kept" if "jemalloc_kept" in tsv.allocators_here() else "glibc_kept",
+                    choices=list(tsv.ALLOCATORS), help="allocator under PyTorch (train_step_vs_pytorch.ALLOCATORS)")
     ap.add_argument("--keel-args", default="", help="extra arguments for keel bench, space-separated")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -89,7 +91,7 @@ def main():
               f"B={args.batch} T={args.seq}", flush=True)
     results = {}
     for load in loads:
-        k, t, ks, ts = measure(args, load, args.peer, args.blas)
+        k, t, ks, ts = measure(args, load, args.peer, args.blas, args.alloc)
         results[load] = {"keel_tokens_per_s": round(k, 1), "torch_tokens_per_s": round(t, 1),
                          "keel_runs": [round(x, 1) for x in ks], "torch_runs": [round(x, 1) for x in ts]}
         idle = results["idle"]
@@ -98,11 +100,11 @@ def main():
         if not args.json:
             r = results[load]
             print(f"{load:7s} keel {k:8.0f} tok/s ({100 * r['keel_share_of_idle']:5.1f}% of idle)   "
-                  f"torch[{args.peer}/{args.blas}] {t:8.0f} tok/s ({100 * r['torch_share_of_idle']:5.1f}% of idle)",
+                  f"torch[{args.peer}/{args.blas}/{args.alloc}] {t:8.0f} tok/s ({100 * r['torch_share_of_idle']:5.1f}% of idle)",
                   flush=True)
     if args.json:
         print(json.dumps({"cpu": tsv.cpu_description(), "config": args.config, "threads": args.threads,
-                          "batch": args.batch, "seq": args.seq, "peer": args.peer, "blas": args.blas,
+                          "batch": args.batch, "seq": args.seq, "peer": args.peer, "blas": args.blas, "alloc": args.alloc,
                           "loads": results}))
 
 

@@ -20,7 +20,8 @@ PACKAGES=(
 # and the PyTorch cross-checks under experiments/. Not needed to build or test: the tests read
 # committed fixtures. `install-deps.sh --torch` adds it.
 if [[ "${1:-}" == "--torch" ]]; then
-  PACKAGES+=(python3-torch python3-numpy)
+  # jemalloc: one of the allocators the peer search tries under PyTorch (bench/train_step_vs_pytorch.py).
+  PACKAGES+=(python3-torch python3-numpy libjemalloc2)
 elif [[ $# -gt 0 ]]; then
   echo "usage: $0 [--torch]" >&2
   exit 2

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "gradient_check.hpp"
+#include "gemm_test_util.hpp"
 #include "keel/core/bf16.hpp"
 #include "keel/kernels/gemm.hpp"
 #include "keel/kernels/precision.hpp"
@@ -14,13 +14,9 @@
 namespace keel::kernels {
 namespace {
 
+using testing::GemmCase;
+using testing::padded_operands;
 using testing::random_vector;
-
-struct GemmCase {
-  bool ta, tb;
-  int64_t m, n, k;
-  float alpha, beta;
-};
 
 // All four transpositions, odd sizes, k = 1, a long k, padded leading dimensions.
 const GemmCase kCases[] = {
@@ -43,12 +39,7 @@ TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
   PathGuard guard;
   RecordProperty("native_available", bf16_gemm_native_available() ? "yes" : "no");
   for (const GemmCase& cs : kCases) {
-    const int64_t pad = 3;
-    const int64_t lda = (cs.ta ? cs.m : cs.k) + pad, ldb = (cs.tb ? cs.k : cs.n) + pad, ldc = cs.n + pad;
-    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 11);
-    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 12);
-    auto c0 = random_vector(size_t(cs.m * ldc), 13);
-    if (cs.beta == 0.f) std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());  // must be ignored
+    const auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 3, 11);
     auto ref = c0, fp32 = c0, portable = c0, native = c0;
     const auto ar = rounded(a), br = rounded(b);
     gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, ref.data(), ldc);
@@ -75,11 +66,9 @@ TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
     if (cs.k >= 9) {
       EXPECT_GT(bf16_vs_fp32, 20 * tol) << "k=" << cs.k;
     }
-    if (cs.beta != 0.f) {
-      for (int64_t i = 0; i < cs.m; ++i) {
-        EXPECT_EQ(native[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);  // padding untouched
-        EXPECT_EQ(portable[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);
-      }
+    for (int64_t i = 0; i < cs.m; ++i) {
+      EXPECT_EQ(native[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);  // padding untouched
+      EXPECT_EQ(portable[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);
     }
   }
 }

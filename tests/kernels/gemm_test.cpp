@@ -8,19 +8,15 @@
 #include <limits>
 #include <string>
 
-#include "gradient_check.hpp"
+#include "gemm_test_util.hpp"
 #include "keel/kernels/block_gemm.hpp"
 
 namespace keel::kernels {
 namespace {
 
+using testing::GemmCase;
+using testing::padded_operands;
 using testing::random_vector;
-
-struct GemmCase {
-  bool ta, tb;
-  int64_t m, n, k;
-  float alpha, beta;
-};
 
 // Runs body once with each kernel gemm can put under its panels (the BLAS and keel's packed
 // microkernel), then restores Auto.
@@ -45,12 +41,7 @@ TEST(GemmKernel, MatchesReferenceForAllTranspositions) {
       {false, true, 1, 1, 1, 1.f, 0.f},     {true, false, 96, 80, 200, 1.f, 1.f},
   };
   for (const GemmCase& cs : cases) {
-    const int64_t pad = 3;
-    const int64_t lda = (cs.ta ? cs.m : cs.k) + pad, ldb = (cs.tb ? cs.k : cs.n) + pad, ldc = cs.n + pad;
-    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 1);
-    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 2);
-    auto c = random_vector(size_t(cs.m * ldc), 3);
-    if (cs.beta == 0.f) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());  // must be ignored
+    auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 3, 1);
     auto c_ref = c;
     gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
     gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
@@ -62,9 +53,7 @@ TEST(GemmKernel, MatchesReferenceForAllTranspositions) {
             << "," << j;
       }
     // Padding columns must be left untouched.
-    if (cs.beta != 0.f) {
-      for (int64_t i = 0; i < cs.m; ++i) EXPECT_EQ(c[size_t(i * ldc + cs.n)], c_ref[size_t(i * ldc + cs.n)]);
-    }
+    for (int64_t i = 0; i < cs.m; ++i) EXPECT_EQ(c[size_t(i * ldc + cs.n)], c_ref[size_t(i * ldc + cs.n)]);
   }
   });
 }
@@ -81,10 +70,7 @@ TEST(GemmKernel, PanelScheduleMatchesReference) {
   for (const GemmCase& cs : cases) {
     const GemmPanels p = gemm_panels(cs.m, cs.n, cs.k);
     EXPECT_GT(((cs.m + p.rows - 1) / p.rows) * ((cs.n + p.cols - 1) / p.cols), 1) << cs.m << "x" << cs.n;
-    const int64_t lda = cs.ta ? cs.m : cs.k, ldb = cs.tb ? cs.k : cs.n, ldc = cs.n;
-    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 4);
-    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 5);
-    auto c = random_vector(size_t(cs.m * ldc), 6);
+    auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 0, 4);
     auto c_ref = c;
     gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
     gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
@@ -125,15 +111,8 @@ TEST(GemmKernel, PackedKernelMatchesReference) {
       {false, true, 6, 64, 256, 1.f, 0.f},      {true, false, 145, 17, 31, 0.25f, 0.f},
   };
   for (const GemmCase& cs : cases) {
-    const int64_t pad = 5;
-    const int64_t lda = (cs.ta ? cs.m : cs.k) + pad, ldb = (cs.tb ? cs.k : cs.n) + pad, ldc = cs.n + pad;
-    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 21);
-    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 22);
-    auto c = random_vector(size_t(cs.m * ldc), 23);
+    auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 5, 21);
     auto c_ref = c;
-    if (cs.beta == 0.f)
-      for (int64_t i = 0; i < cs.m; ++i)
-        std::fill(c.begin() + i * ldc, c.begin() + i * ldc + cs.n, std::numeric_limits<float>::quiet_NaN());
     packed_gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
     gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
     double worst = 0;
@@ -204,10 +183,7 @@ TEST(GemmKernel, PackedTeamMatchesOneThreadBitForBit) {
   const bool has_microkernel = std::string(block_gemm_isa()) != "gemm";
   const int saved = omp_get_max_threads();
   for (const GemmCase& cs : cases) {
-    const int64_t lda = cs.ta ? cs.m : cs.k, ldb = cs.tb ? cs.k : cs.n, ldc = cs.n;
-    const auto a = random_vector(size_t((cs.ta ? cs.k : cs.m) * lda), 31);
-    const auto b = random_vector(size_t((cs.tb ? cs.n : cs.k) * ldb), 32);
-    const auto c0 = random_vector(size_t(cs.m * ldc), 33);
+    const auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 0, 31);
     auto one = c0;
     packed_gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, one.data(), ldc);
     for (int threads : {1, std::max(2, saved)}) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/core/error.hpp"
+#include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/fast_math.hpp"
 
@@ -163,11 +164,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   // pages each time, whose faults cost more than the copy. Bounded by the largest V a layer has.
   // The calling thread's buffer; the team reads it through the pointer.
   thread_local std::vector<float> vb_kept;
-  if (copy_v && vb_kept.size() < size_t(kv_blocks * vb_floats)) {
-    vb_kept = std::vector<float>();
-    vb_kept.resize(size_t(kv_blocks * vb_floats));
-  }
-  float* const vb = vb_kept.data();
+  float* const vb = copy_v ? kept_buffer(vb_kept, size_t(kv_blocks * vb_floats)) : nullptr;
 #pragma omp parallel
   {
     if (copy_v) {
@@ -317,11 +314,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   };
   const int64_t slice = T * (Dk + Dv);  // a run's dk rows then dv rows, dense
   thread_local std::vector<float> slices_kept;  // kept between calls, as the forward's V copy
-  if (runs > 1 && slices_kept.size() < size_t(tasks * slice)) {
-    slices_kept = std::vector<float>();
-    slices_kept.resize(size_t(tasks * slice));
-  }
-  float* const slices = slices_kept.data();
+  float* const slices = runs > 1 ? kept_buffer(slices_kept, size_t(tasks * slice)) : nullptr;
 #pragma omp parallel
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));

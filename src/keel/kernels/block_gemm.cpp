@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/gemm.hpp"
 
 #if defined(__AVX__)
@@ -252,15 +253,6 @@ void pack_a(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, in
   }
 }
 
-template <typename T>
-T* grown(std::vector<T>& buf, size_t count) {
-  if (buf.size() < count) {
-    buf = std::vector<T>();
-    buf.resize(count);
-  }
-  return buf.data();
-}
-
 // Every tile of an mc × ncols block of C, from packed A (mc rows, kc steps) and the packed B
 // slabs of those columns (kc rows each); accumulate adds to C instead of overwriting it.
 void multiply_packed(const float* ap, int64_t mc, int64_t kc, const float* bp, int64_t ncols, float* c, int64_t ldc,
@@ -280,12 +272,7 @@ void multiply_packed(const float* ap, int64_t mc, int64_t kc, const float* bp, i
 
 float* packed_a_buffer() {
   thread_local std::vector<float> packed_a;
-  return grown(packed_a, size_t(kPackRows * kPackK + kPackASlack));
-}
-
-void scale_by_beta(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+  return kept_buffer(packed_a, size_t(kPackRows * kPackK + kPackASlack));
 }
 
 }  // namespace
@@ -293,11 +280,11 @@ void scale_by_beta(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  if (k <= 0 || (beta != 0.f && beta != 1.f)) scale_by_beta(m, n, beta, c, ldc);
+  if (k <= 0 || (beta != 0.f && beta != 1.f)) gemm_scale_c(m, n, beta, c, ldc);
   if (k <= 0) return;
   float* ap = packed_a_buffer();
   thread_local std::vector<float> packed_b;
-  float* bp = grown(packed_b, size_t(kPackK * ((kPackCols + kChunk - 1) / kChunk * kChunk)));
+  float* bp = kept_buffer(packed_b, size_t(kPackK * ((kPackCols + kChunk - 1) / kChunk * kChunk)));
   for (int64_t j0 = 0; j0 < n; j0 += kPackCols) {
     const int64_t nc = std::min(kPackCols, n - j0);
     for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
@@ -319,7 +306,7 @@ bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   // All of op(B), packed once by the team into the calling thread's buffer: for each block of
   // kPackK steps (at p0·n_padded), its slabs side by side.
   thread_local std::vector<float> whole_b;
-  float* bp = grown(whole_b, size_t(k * n_padded));
+  float* bp = kept_buffer(whole_b, size_t(k * n_padded));
   const int64_t k_blocks = (k + kPackK - 1) / kPackK, chunks = n_padded / kChunk;
   // Items of C: kPackRows rows by `group` columns, narrowed until there are enough to balance a
   // few threads. A function of the shape alone, like gemm's panels.
@@ -341,7 +328,7 @@ bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
       const int64_t i0 = (item / col_groups) * kPackRows, j0 = (item % col_groups) * group;
       const int64_t mc = std::min(kPackRows, m - i0), ncols = std::min(group, n - j0);
       float* citem = c + i0 * ldc + j0;
-      if (beta != 0.f && beta != 1.f) scale_by_beta(mc, ncols, beta, citem, ldc);
+      if (beta != 0.f && beta != 1.f) gemm_scale_c(mc, ncols, beta, citem, ldc);
       for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
         const int64_t kc = std::min(kPackK, k - p0);
         pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap);

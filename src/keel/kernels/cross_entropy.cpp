@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keel/core/error.hpp"
+#include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/fast_math.hpp"
 #include "keel/kernels/gemm.hpp"
 
@@ -35,11 +36,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
   // afresh faulted in and zeroed every page each step (4% of a step in perf); the GEMM below
   // overwrites them.
   thread_local std::vector<float> logits_buffer;
-  if (logits_buffer.size() < size_t(rows * vocab)) {
-    logits_buffer = std::vector<float>();  // no copy of the old contents
-    logits_buffer.resize(size_t(rows * vocab));
-  }
-  std::span<float> logits(logits_buffer.data(), size_t(rows * vocab));
+  std::span<float> logits(kept_buffer(logits_buffer, size_t(rows * vocab)), size_t(rows * vocab));
   std::vector<double> row_ce(static_cast<size_t>(rows)), row_z(static_cast<size_t>(rows));
   const float cap = final_softcap;
   LmHeadLoss loss;

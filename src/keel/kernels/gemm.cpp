@@ -21,6 +21,7 @@
 
 #include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
+#include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/precision.hpp"
 
@@ -54,17 +55,6 @@ void backend_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 }  // namespace
 
 namespace {
-
-// Operand buffers, grown and reused: no allocation per call in a training step. Growing drops
-// the old contents (every caller overwrites what it uses).
-template <typename T>
-T* scratch(std::vector<T>& buf, int64_t count) {
-  if (buf.size() < static_cast<size_t>(count)) {
-    buf = std::vector<T>();
-    buf.resize(static_cast<size_t>(count));
-  }
-  return buf.data();
-}
 
 std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
 
@@ -162,9 +152,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   // so the limits do not depend on the build.)
   KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
   if (k == 0) {
-    // Some BLAS builds return early on k == 0 without applying beta; do it here.
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    gemm_scale_c(m, n, beta, c, ldc);  // some BLAS builds return early on k == 0 without applying beta
     return;
   }
   const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
@@ -194,7 +182,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       // the panel to a padded stride first; it is read once, the product reads it n/16 times.
       thread_local std::vector<float> panel_a;
       ap_ld = mi + 16;
-      float* padded = scratch(panel_a, k * ap_ld);
+      float* padded = kept_buffer(panel_a, size_t(k * ap_ld));
       for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
       ap = padded;
     }
@@ -225,7 +213,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     ldb = (n + 15) / 16 * 16 + 16;  // 64-byte rows, off the aliasing stride
     if (ldb % kGemmAliasedStride == 0) ldb += 16;
     const int64_t need = k * ldb;
-    b = scratch(static_cast<size_t>(need) <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b, need);
+    b = kept_buffer(static_cast<size_t>(need) <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b, size_t(need));
   }
   auto copy_b_rows = [&](int64_t r) {
     std::memcpy(const_cast<float*>(b) + r * ldb, b_source + r * b_source_ld, sizeof(float) * size_t(n));
@@ -331,8 +319,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
     stage_timer::add_gemm_flops(m, n, k);
     thread_local std::vector<uint16_t> a_buf, b_buf;
-    uint16_t* a16 = scratch(a_buf, a_rows * a_cols);
-    uint16_t* b16 = scratch(b_buf, b_rows * b_cols);
+    uint16_t* a16 = kept_buffer(a_buf, size_t(a_rows * a_cols));
+    uint16_t* b16 = kept_buffer(b_buf, size_t(b_rows * b_cols));
     round_operand(a, a_rows, a_cols, lda, a16);
     round_operand(b, b_rows, b_cols, ldb, b16);
     KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldc <= INT_MAX);
@@ -343,8 +331,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
 #endif
   thread_local std::vector<float> a_buf, b_buf;
-  float* ar = scratch(a_buf, a_rows * a_cols);
-  float* br = scratch(b_buf, b_rows * b_cols);
+  float* ar = kept_buffer(a_buf, size_t(a_rows * a_cols));
+  float* br = kept_buffer(b_buf, size_t(b_rows * b_cols));
   round_operand(a, a_rows, a_cols, lda, ar);
   round_operand(b, b_rows, b_cols, ldb, br);
   gemm(trans_a, trans_b, m, n, k, alpha, ar, a_cols, br, b_cols, beta, c, ldc);

@@ -40,6 +40,13 @@ void set_gemm_kernel(GemmKernel kernel);
 constexpr int64_t kGemmPackedStride = 512;
 bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb);
 
+// C = beta·C over m × n: what a product with k == 0 leaves, and the first step of a kernel that
+// then only accumulates. beta == 0 ignores C entirely (it may be uninitialised, even NaN), as BLAS does.
+inline void gemm_scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+}
+
 // Same contract as gemm; a triple loop accumulating in double. For tests only.
 void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
