@@ -31,17 +31,28 @@ mkdir -p "$artifacts"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export ASAN_OPTIONS="detect_leaks=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 
-failed=()
-for target in "${targets[@]}"; do
-  name="${target%_fuzz}"
-  corpus="$work/$name"
+# Each libFuzzer process uses one core, so the targets run JOBS at a time (default: the cores,
+# at most 2), each for its full SECONDS; results are reported in target order.
+jobs="${KEEL_FUZZ_JOBS:-$(nproc)}"
+((jobs >= 1)) || jobs=1
+((jobs <= 2)) || jobs=2
+
+start_target() {  # target: runs it in the background, its exit status in $work/$target.status
+  local target="$1" name="${1%_fuzz}"
+  local corpus="$work/$name"
   cp -r "fuzz/corpus/$name" "$corpus"
-  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
-        -artifact_prefix="$artifacts/$target-")
+  local args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+              -artifact_prefix="$artifacts/$target-")
   if [[ -f "fuzz/$name.dict" ]]; then args+=(-dict="fuzz/$name.dict"); fi
-  log="$work/$target.log"
   echo "fuzz: $target for ${seconds}s over $(ls "$corpus" | wc -l) seeds"
-  if "$build_dir/fuzz/$target" "${args[@]}" "$corpus" >"$log" 2>&1; then
+  ( status=0
+    "$build_dir/fuzz/$target" "${args[@]}" "$corpus" >"$work/$target.log" 2>&1 || status=$?
+    echo "$status" >"$work/$target.status" ) &
+}
+
+report_target() {
+  local target="$1" log="$work/$1.log"
+  if [[ "$(cat "$work/$target.status")" == 0 ]]; then
     runs="$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || echo '?')"
     echo "fuzz: $target ok, $runs executions"
   else
@@ -49,6 +60,14 @@ for target in "${targets[@]}"; do
     grep -v -E '^#[0-9]+.*(NEW|REDUCE|pulse)|NEW_FUNC' "$log" | tail -n 60 >&2
     failed+=("$target")
   fi
+}
+
+failed=()
+for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+  batch=("${targets[@]:i:jobs}")
+  for target in "${batch[@]}"; do start_target "$target"; done
+  wait
+  for target in "${batch[@]}"; do report_target "$target"; done
 done
 
 if ((${#failed[@]})); then
