@@ -1,5 +1,6 @@
 #pragma once
 // Operands for the gemm tests: one product shape and its random, padded operands.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>

@@ -315,6 +315,17 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   const int64_t slice = T * (Dk + Dv);  // a run's dk rows then dv rows, dense
   thread_local std::vector<float> slices_kept;  // kept between calls, as the forward's V copy
   float* const slices = runs > 1 ? kept_buffer(slices_kept, size_t(tasks * slice)) : nullptr;
+  // dk, dv rows t0.. of sequence b, kv head kvh += `rows` dense rows of dks (Dk wide) and dvs (Dv).
+  auto add_kv_rows = [&](int64_t b, int64_t kvh, int64_t t0, int64_t rows, const float* dks, const float* dvs) {
+    for (int64_t j = 0; j < rows; ++j) {
+      float* dkr = dk + (b * T + t0 + j) * ks + kvh * Dk;
+      float* dvr = dv + (b * T + t0 + j) * vs + kvh * Dv;
+#pragma omp simd
+      for (int64_t c = 0; c < Dk; ++c) dkr[c] += dks[j * Dk + c];
+#pragma omp simd
+      for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvs[j * Dv + c];
+    }
+  };
 #pragma omp parallel
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
@@ -383,12 +394,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
           }
         }
         if (runs == 1) {
-          for (int64_t j = 0; j < nk; ++j) {
-            float* dkr = dk + (b * T + k0 + j) * ks + kvh * Dk;
-            float* dvr = dv + (b * T + k0 + j) * vs + kvh * Dv;
-            for (int64_t c = 0; c < Dk; ++c) dkr[c] += dkb[size_t(j * Dk + c)];
-            for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvb[size_t(j * Dv + c)];
-          }
+          add_kv_rows(b, kvh, k0, nk, dkb.data(), dvb.data());
         } else {
           std::copy(dkb.begin(), dkb.begin() + nk * Dk, dk_slice + k0 * Dk);
           std::copy(dvb.begin(), dvb.begin() + nk * Dv, dv_slice + k0 * Dv);
@@ -400,17 +406,11 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       // in run order.
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < pairs * T; ++row) {
-        const int64_t pair = row / T, t = row % T, b = pair / Hkv, kvh = pair % Hkv;
-        float* dkr = dk + (b * T + t) * ks + kvh * Dk;
-        float* dvr = dv + (b * T + t) * vs + kvh * Dv;
+        const int64_t pair = row / T, t = row % T;
         for (int64_t run = 0; run < runs; ++run) {
-          if (t < key_begin(run) || t >= std::min(T, (key_end(run) + kBk - 1) / kBk * kBk)) continue;
-          const float* dks = slices + (pair * runs + run) * slice + t * Dk;
-          const float* dvs = slices + (pair * runs + run) * slice + T * Dk + t * Dv;
-#pragma omp simd
-          for (int64_t c = 0; c < Dk; ++c) dkr[c] += dks[c];
-#pragma omp simd
-          for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvs[c];
+          if (t < key_begin(run) || t >= key_end(run)) continue;
+          const float* run_slice = slices + (pair * runs + run) * slice;
+          add_kv_rows(pair / Hkv, pair % Hkv, t, 1, run_slice + t * Dk, run_slice + T * Dk + t * Dv);
         }
       }
     }
