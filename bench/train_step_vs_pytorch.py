@@ -214,7 +214,14 @@ def cpu_description():
         pass
     isa = [name for flag, name in (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"),
                                     ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
-    return f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} logical CPUs"
+    caps = [f"{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k)]
+    return (f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} logical CPUs"
+            + (f"; code capped by {', '.join(caps)}" if caps else ""))
+
+
+# Environment variables that hold code below what the CPU has: oneDNN's (keel's GEMMs), ATen's
+# vectorized kernels and OpenBLAS's kernel choice (PyTorch's). The flags alone would not say.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE")
 
 
 def median(xs):
@@ -289,6 +296,8 @@ def race(args, case):
            "speed_ratio_max": round(max(ratios), 3),
            "keel_peak_mb": round(k_mb, 1), "torch_peak_mb": round(t_mb, 1),
            "memory_ratio": round(k_mb / t_mb, 3)}
+    if "kernels" in ks[0]:
+        row["keel_kernels"] = ks[0]["kernels"]
     if "stages_ms" in ks[0]:
         row["keel_stages_ms"] = {s: round(median([k["stages_ms"][s] for k in ks]), 2) for s in ks[0]["stages_ms"]}
     if optimizer == "muon":
@@ -309,6 +318,10 @@ def print_row(row):
           f"ratio {row['speed_ratio']:.2f}x (median of {row['pairs']} pairs, {row['speed_ratio_min']:.2f}.."
           f"{row['speed_ratio_max']:.2f})  |  peak RSS keel {row['keel_peak_mb']:.0f} MB, "
           f"torch {row['torch_peak_mb']:.0f} MB (ratio {row['memory_ratio']:.2f})", flush=True)
+    if "keel_kernels" in row:
+        k = row["keel_kernels"]
+        print(f"{'':6s} keel ran: block microkernel {k['block_gemm']}, GEMMs {k['gemm_backend']}, "
+              f"bf16 GEMMs {'native' if k['bf16_gemm_native'] else 'emulated'}", flush=True)
     if row["peer_candidates_tokens_per_s"]:
         print(f"{'':6s} peers searched (tok/s): " +
               ", ".join(f"{k} {v:.0f}" for k, v in row["peer_candidates_tokens_per_s"].items()), flush=True)

@@ -11,6 +11,8 @@
 
 #include "cli_test_util.hpp"
 #include "keel/io/safetensors.hpp"
+#include "keel/kernels/block_gemm.hpp"
+#include "keel/kernels/gemm.hpp"
 
 namespace keel {
 namespace {
@@ -120,6 +122,21 @@ TEST_F(ModelCli, BenchPrintsJson) {
   EXPECT_GT(j["ms_per_step"].get<double>(), 0.0);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
+  // The code that ran, as this process (the same library, flags and environment) would run it.
+  EXPECT_EQ(j["kernels"]["block_gemm"].get<std::string>(), kernels::block_gemm_isa());
+  EXPECT_EQ(j["kernels"]["gemm_backend"].get<std::string>(), kernels::gemm_backend_isa());
+  EXPECT_EQ(j["kernels"]["bf16_gemm_native"].get<bool>(), kernels::bf16_gemm_native_available());
+}
+
+// A benchmark run under ONEDNN_MAX_CPU_ISA names the capped ISA, not the CPU's: the bench scripts
+// print it beside /proc/cpuinfo's flags, which the cap does not change.
+TEST_F(ModelCli, BenchNamesTheGemmIsaUnderACap) {
+  auto r = run_keel("bench --config " + source_path("configs/tiny/qwen3.json") + " --batch 2 --seq 32 --steps 1 --json",
+                    "ONEDNN_MAX_CPU_ISA=SSE41");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kernels"]["gemm_backend"].get<std::string>(), KEEL_GEMM_DNNL ? "oneDNN sse41" : "OpenBLAS");
+  EXPECT_FALSE(j["kernels"]["bf16_gemm_native"].get<bool>());
 }
 
 // --precision bf16 on eval, grad and bench (docs/precision.md): close to fp32, not identical.

@@ -20,8 +20,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// This process's directories live under one root, removed when the process exits (ctest runs
+// each test in a process of its own, and each used to leave its directory behind).
+struct RemovedAtExit {
+  fs::path root;
+  ~RemovedAtExit() {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+  }
+};
+
 std::string temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("keel_shards_" + std::to_string(::getpid()) + "_" + name);
+  static const RemovedAtExit scratch{fs::temp_directory_path() / ("keel_shards_" + std::to_string(::getpid()))};
+  const fs::path dir = scratch.root / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

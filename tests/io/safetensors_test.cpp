@@ -30,7 +30,16 @@ std::string make_test_dir() {
   for (char& c : name) {
     if (c == '/') c = '_';
   }
-  fs::path dir = fs::path(::testing::TempDir()) / ("keel_safetensors_" + std::to_string(::getpid())) / name;
+  // The process's root is removed when it exits: ctest runs each test in a process of its own.
+  struct RemovedAtExit {
+    fs::path root;
+    ~RemovedAtExit() {
+      std::error_code ignored;
+      fs::remove_all(root, ignored);
+    }
+  };
+  static const RemovedAtExit scratch{fs::path(::testing::TempDir()) / ("keel_safetensors_" + std::to_string(::getpid()))};
+  fs::path dir = scratch.root / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

@@ -16,6 +16,8 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -278,6 +280,25 @@ bool bf16_gemm_native_available() {
   return available;
 #else
   return false;
+#endif
+}
+
+std::string gemm_backend_isa() {
+#if KEEL_GEMM_DNNL && defined(__x86_64__)
+  // Widest first: the effective ISA is the CPU's, or less under ONEDNN_MAX_CPU_ISA.
+  static const std::pair<dnnl_cpu_isa_t, const char*> widest_first[] = {
+      {dnnl_cpu_isa_avx512_core_amx, "avx512_core_amx"}, {dnnl_cpu_isa_avx512_core_bf16, "avx512_core_bf16"},
+      {dnnl_cpu_isa_avx512_core_vnni, "avx512_core_vnni"}, {dnnl_cpu_isa_avx512_core, "avx512_core"},
+      {dnnl_cpu_isa_avx2_vnni, "avx2_vnni"}, {dnnl_cpu_isa_avx2, "avx2"}, {dnnl_cpu_isa_avx, "avx"},
+      {dnnl_cpu_isa_sse41, "sse41"}};
+  for (const auto& [isa, name] : widest_first) {
+    if (dnnl_allows(isa)) return std::string("oneDNN ") + name;
+  }
+  return "oneDNN below sse41";
+#elif KEEL_GEMM_DNNL
+  return "oneDNN";
+#else
+  return "OpenBLAS";
 #endif
 }
 

@@ -69,6 +69,10 @@ void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
 enum class Bf16GemmPath { Native, Portable };
 // True when the build links oneDNN and the CPU reports AVX512-BF16.
 bool bf16_gemm_native_available();
+
+// The library behind gemm() and the widest ISA it may use here, "oneDNN avx2" say: the CPU's, or
+// less where ONEDNN_MAX_CPU_ISA caps it. Benchmarks print it beside the CPU's own flags.
+std::string gemm_backend_isa();
 // The path gemm_bf16 takes now: Native when available, unless forced portable by
 // force_portable_bf16_gemm(true) or the environment variable KEEL_BF16_GEMM=portable (read once).
 Bf16GemmPath bf16_gemm_path();
