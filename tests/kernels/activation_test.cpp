@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "gradient_check.hpp"
 
@@ -71,6 +72,32 @@ TEST(ActivationKernel, GatedBackwardMatchesFiniteDifferences) {
     gated_backward(gate.data(), up.data(), g.data(), dgate.data(), dup.data(), int64_t(h.size()), a);
     expect_gradient(gate, dgate, loss, "gated dgate " + std::to_string(int(a)), 1e-3);
     expect_gradient(up, dup, loss, "gated dup " + std::to_string(int(a)), 1e-3);
+  }
+}
+
+// Overwrite writes what Accumulate adds into zeros, bit for bit, and never reads the buffer it
+// writes (it starts as NaN here, as an unzeroed arena slot may).
+TEST(ActivationKernel, OverwriteEqualsAccumulatingIntoZerosAndIgnoresOldContents) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Activation a : kAll) {
+    SCOPED_TRACE(int(a));
+    const auto gate = away_from_zero(1000, 6);
+    const auto up = random_vector(gate.size(), 7, -2.f, 2.f), dh = random_vector(gate.size(), 8);
+    std::vector<float> dg0(gate.size(), 0.f), du0(gate.size(), 0.f), dg1(gate.size(), nan), du1(gate.size(), nan);
+    gated_backward(gate.data(), up.data(), dh.data(), dg0.data(), du0.data(), int64_t(gate.size()), a);
+    gated_backward(gate.data(), up.data(), dh.data(), dg1.data(), du1.data(), int64_t(gate.size()), a,
+                   GradWrite::Overwrite);
+    std::vector<float> dx0(gate.size(), 0.f), dx1(gate.size(), nan);
+    activation_backward(gate.data(), dh.data(), dx0.data(), int64_t(gate.size()), a);
+    activation_backward(gate.data(), dh.data(), dx1.data(), int64_t(gate.size()), a, GradWrite::Overwrite);
+    for (size_t i = 0; i < gate.size(); ++i) {
+      ASSERT_EQ(dg0[i], dg1[i]) << i;
+      ASSERT_EQ(du0[i], du1[i]) << i;
+      ASSERT_EQ(dx0[i], dx1[i]) << i;
+    }
+    // Accumulate still adds: a second call doubles the first.
+    gated_backward(gate.data(), up.data(), dh.data(), dg0.data(), du0.data(), int64_t(gate.size()), a);
+    for (size_t i = 0; i < gate.size(); i += 97) EXPECT_FLOAT_EQ(dg0[i], 2.f * dg1[i]) << i;
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "gradient_check.hpp"
 
 namespace keel::kernels {
@@ -86,6 +88,26 @@ TEST(LinearKernel, WeightSliceThroughLdwMatchesThePackedSlice) {
         const bool mine = c >= p * out && c < (p + 1) * out;
         EXPECT_NEAR(got, mine ? dw_packed[size_t(r * out + c - p * out)] : 0.f, 1e-6f) << r << "," << c;
       }
+  }
+}
+
+// dx_write Overwrite: dx = dy·W whatever dx held (NaN here), equal to accumulating into zeros;
+// dw and db still accumulate.
+TEST(LinearKernel, OverwrittenDxIgnoresOldContentsAndWeightGradientsStillAccumulate) {
+  const int64_t n = 37, in = 24, out = 19;
+  const auto x = random_vector(size_t(n * in), 31), w = random_vector(size_t(in * out), 32),
+             g = random_vector(size_t(n * out), 33);
+  for (bool w_in_out : {false, true}) {
+    SCOPED_TRACE(w_in_out);
+    std::vector<float> dx0(x.size(), 0.f), dw0(w.size(), 0.f), db0(size_t(out), 0.f);
+    std::vector<float> dx1(x.size(), std::numeric_limits<float>::quiet_NaN()), dw1(w.size(), 0.5f),
+        db1(size_t(out), 0.5f);
+    linear_backward(x.data(), w.data(), g.data(), dx0.data(), dw0.data(), db0.data(), n, in, out, w_in_out);
+    linear_backward(x.data(), w.data(), g.data(), dx1.data(), dw1.data(), db1.data(), n, in, out, w_in_out, 0,
+                    GradWrite::Overwrite);
+    for (size_t i = 0; i < dx0.size(); ++i) ASSERT_EQ(dx0[i], dx1[i]) << i;
+    for (size_t i = 0; i < dw0.size(); ++i) EXPECT_NEAR(dw1[i], dw0[i] + 0.5f, 1e-5) << i;
+    for (size_t i = 0; i < db0.size(); ++i) EXPECT_NEAR(db1[i], db0[i] + 0.5f, 1e-5) << i;
   }
 }
 

@@ -12,6 +12,8 @@
 #include <span>
 #include <vector>
 
+#include "keel/core/parallel_fill.hpp"
+
 namespace keel {
 
 inline constexpr size_t kAlignment = 64;  // cache line; AVX-512 loads
@@ -37,7 +39,7 @@ class FloatBuffer {
   size_t size() const { return size_; }
   std::span<float> span() { return {data_.get(), size_}; }
   std::span<const float> span() const { return {data_.get(), size_}; }
-  void zero() { if (size_) std::memset(data_.get(), 0, size_ * sizeof(float)); }
+  void zero() { parallel_zero(data_.get(), size_); }
 
  private:
   std::unique_ptr<float[], FreeDeleter> data_;
@@ -100,7 +102,7 @@ class Arena {
   }
   float* alloc_zeroed(size_t count) {
     float* p = alloc(count);
-    std::memset(p, 0, count * sizeof(float));
+    parallel_zero(p, count);
     return p;
   }
   // Forget every view; if the step needed several blocks, replace them by one that fits all.

@@ -75,13 +75,15 @@ void activation_forward(const float* x, float* y, int64_t n, Activation act) {
   });
 }
 
-// x, dy: (n); accumulates dx: (n)
-void activation_backward(const float* x, const float* dy, float* dx, int64_t n, Activation act) {
+// x, dy: (n); accumulates (or overwrites) dx: (n)
+void activation_backward(const float* x, const float* dy, float* dx, int64_t n, Activation act, GradWrite write) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
-  dispatch(act, [&](auto a) {
-    using A = decltype(a);
+  with_grad_write(write, [&](auto add) {
+    dispatch(act, [&](auto a) {
+      using A = decltype(a);
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) dx[i] += A::df(x[i]) * dy[i];
+      for (int64_t i = 0; i < n; ++i) dx[i] = (add ? dx[i] : 0.f) + A::df(x[i]) * dy[i];
+    });
   });
 }
 
@@ -95,28 +97,30 @@ void gated_forward(const float* gate, const float* up, float* h, int64_t n, Acti
   });
 }
 
-// gate, up, dh: (n); accumulates dgate, dup: (n) (either may be null)
+// gate, up, dh: (n); accumulates (or overwrites) dgate, dup: (n) (either may be null)
 void gated_backward(const float* gate, const float* up, const float* dh, float* dgate, float* dup, int64_t n,
-                    Activation act) {
+                    Activation act, GradWrite write) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
-  dispatch(act, [&](auto a) {
-    using A = decltype(a);
-    if (dgate != nullptr && dup != nullptr) {  // one pass over the three inputs
+  with_grad_write(write, [&](auto add) {
+    dispatch(act, [&](auto a) {
+      using A = decltype(a);
+      if (dgate != nullptr && dup != nullptr) {  // one pass over the three inputs
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        dgate[i] += A::df(gate[i]) * up[i] * dh[i];
-        dup[i] += A::f(gate[i]) * dh[i];
+        for (int64_t i = 0; i < n; ++i) {
+          dgate[i] = (add ? dgate[i] : 0.f) + A::df(gate[i]) * up[i] * dh[i];
+          dup[i] = (add ? dup[i] : 0.f) + A::f(gate[i]) * dh[i];
+        }
+        return;
       }
-      return;
-    }
-    if (dgate != nullptr) {
+      if (dgate != nullptr) {
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) dgate[i] += A::df(gate[i]) * up[i] * dh[i];
-    }
-    if (dup != nullptr) {
+        for (int64_t i = 0; i < n; ++i) dgate[i] = (add ? dgate[i] : 0.f) + A::df(gate[i]) * up[i] * dh[i];
+      }
+      if (dup != nullptr) {
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) dup[i] += A::f(gate[i]) * dh[i];
-    }
+        for (int64_t i = 0; i < n; ++i) dup[i] = (add ? dup[i] : 0.f) + A::f(gate[i]) * dh[i];
+      }
+    });
   });
 }
 

@@ -232,13 +232,15 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           int64_t lo, hi;
           seen_by(j, lo, hi);
           float* sr = st.data() + j * kBq;
-          std::fill(sr, sr + lo, 0.f);
+          // Guarded: below the diagonal block both ranges are empty, and GCC makes each fill a
+          // memset call, two per key row.
+          if (lo > 0) std::fill(sr, sr + lo, 0.f);
 #pragma omp simd
           for (int64_t i = lo; i < hi; ++i) {
             sr[i] = detail::fast_exp(sr[i] - m[size_t(i)]);
             bsum[size_t(i)] += sr[i];
           }
-          std::fill(sr + hi, sr + nq, 0.f);
+          if (hi < nq) std::fill(sr + hi, sr + nq, 0.f);
         }
         for (int64_t i = 0; i < nq; ++i) {
           l[size_t(i)] = l[size_t(i)] * corr[size_t(i)] + bsum[size_t(i)];
@@ -368,7 +370,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               float* pr = p.data() + i * kBk;
               float* dr = ds.data() + i * kBk;
               const float li = lse_r[i], di = delta_r[i];
-              for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
+              if (lo > 0)  // guarded, as the forward's fills: empty below the diagonal
+                for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
               // P = exp(z - lse) with z the (capped) logit; dS = P·(dP - delta)·∂z/∂(q·k).
 #pragma omp simd
               for (int64_t j = lo; j < valid; ++j) {
@@ -383,7 +386,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
                 pr[j] = pj;
                 dr[j] = pj * (dr[j] - di) * dz;
               }
-              for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
+              if (valid < kBk)
+                for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
             }
             // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
             // entries of P and dS are 0).

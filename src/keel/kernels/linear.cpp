@@ -29,13 +29,14 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
 
 // x: (n, in), dy: (n, out); accumulates dx: (n, in), dw: w's layout, db: (out)
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
-                     int64_t in, int64_t out, bool w_in_out, int64_t ldw) {
+                     int64_t in, int64_t out, bool w_in_out, int64_t ldw, GradWrite dx_write) {
   if (ldw == 0) ldw = w_in_out ? out : in;
   if (dx != nullptr) {
+    const float beta = dx_write == GradWrite::Accumulate ? 1.f : 0.f;  // 0: C is never read
     if (w_in_out)
-      gemm_mixed(false, true, n, in, out, 1.f, dy, out, w, ldw, 1.f, dx, in);  // dx += dy·Wᵀ, W: (in, out)
+      gemm_mixed(false, true, n, in, out, 1.f, dy, out, w, ldw, beta, dx, in);  // dx += dy·Wᵀ, W: (in, out)
     else
-      gemm_mixed(false, false, n, in, out, 1.f, dy, out, w, ldw, 1.f, dx, in);  // dx += dy·W, W: (out, in)
+      gemm_mixed(false, false, n, in, out, 1.f, dy, out, w, ldw, beta, dx, in);  // dx += dy·W, W: (out, in)
   }
   if (dw != nullptr) {
     if (w_in_out)

@@ -4,6 +4,8 @@
 // (weight gradients accumulate in fp32 into dw) and the forward output is rounded to bf16.
 #include <cstdint>
 
+#include "keel/kernels/grad_write.hpp"
+
 namespace keel::kernels {
 
 // x: (n, in); w: (out, in) PyTorch nn.Linear layout, or (in, out) when w_in_out (GPT-2 Conv1D);
@@ -13,10 +15,11 @@ namespace keel::kernels {
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in, int64_t out,
                     bool w_in_out = false, int64_t ldw = 0);
 
-// Accumulates: dx += dy·W (skipped when dx is null), dw += dyᵀ·x in w's own layout,
-// db += Σ_rows dy (skipped when db is null).
+// Accumulates: dx += dy·W (skipped when dx is null; dx = dy·W with dx_write Overwrite),
+// dw += dyᵀ·x in w's own layout, db += Σ_rows dy (skipped when db is null).
 // ldw: the row stride of w and dw, as in linear_forward.
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
-                     int64_t in, int64_t out, bool w_in_out = false, int64_t ldw = 0);
+                     int64_t in, int64_t out, bool w_in_out = false, int64_t ldw = 0,
+                     GradWrite dx_write = GradWrite::Accumulate);
 
 }  // namespace keel::kernels

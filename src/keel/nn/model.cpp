@@ -163,7 +163,7 @@ float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& are
     ds = t;
   }
   float* dx = arena.alloc(size);
-  std::memcpy(dx, ds, size * sizeof(float));  // the residual path
+  parallel_copy(dx, ds, size);  // the residual path
   const float* dy = ds;
   if (sub.after) {
     float* t = arena.alloc_zeroed(size);

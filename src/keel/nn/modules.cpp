@@ -269,9 +269,9 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   const bool conv1d = layout_ == arch::ProjectionLayout::Gpt2Conv1D;
-  float* d_out = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
+  float* d_out = arena.alloc(static_cast<size_t>(n * q_out));  // o_proj's product is its only writer
   kernels::linear_backward(o_input_, store.data(wo_), dy, d_out, store.grad(wo_), opt_grad(store, bo_), n, q_out,
-                           hidden_, conv1d);
+                           hidden_, conv1d, 0, kernels::GradWrite::Overwrite);
   float* d_gate = nullptr;
   if (output_gate_) {  // d_out holds ∂L/∂(out·σ(gate)) so far
     float* d_attn = arena.alloc(static_cast<size_t>(n * q_out));
@@ -382,17 +382,19 @@ float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const
 
 void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
   const size_t wide = static_cast<size_t>(n * width_);
-  float* dh = arena.alloc_zeroed(wide);
+  // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass.
+  constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
+  float* dh = arena.alloc(wide);
   kernels::linear_backward(h_, store.data(w_down_), dy, dh, store.grad(w_down_), opt_grad(store, b_down_), n, width_,
-                           hidden_, conv1d_);
-  float* dup = arena.alloc_zeroed(wide);
+                           hidden_, conv1d_, 0, kOnly);
+  float* dup = arena.alloc(wide);
   if (gated_) {
-    float* dgate = arena.alloc_zeroed(wide);
-    kernels::gated_backward(gate_, up_, dh, dgate, dup, n * width_, act_);
+    float* dgate = arena.alloc(wide);
+    kernels::gated_backward(gate_, up_, dh, dgate, dup, n * width_, act_, kOnly);
     kernels::linear_backward(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
                              hidden_, width_);
   } else {
-    kernels::activation_backward(up_, dh, dup, n * width_, act_);
+    kernels::activation_backward(up_, dh, dup, n * width_, act_, kOnly);
   }
   kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_, width_,
                            conv1d_);
