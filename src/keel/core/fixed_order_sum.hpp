@@ -23,4 +23,20 @@ std::array<double, N> fixed_order_sum(int64_t n, Terms terms, int64_t chunk = in
   return total;
 }
 
+// Σ x[i]² over [i0, i1) in double, in 16 fixed lanes (lane i mod 16 of the range) added in lane
+// order at the end: the same bits for the same range on every run and team, and a loop GCC
+// vectorizes. A single running sum is a chain of dependent adds, and the gradient norm's pass
+// took as long as AdamW's update (perf of the d512 step).
+inline double sum_of_squares_in_lanes(const float* x, int64_t i0, int64_t i1) {
+  constexpr int64_t kLanes = 16;
+  double lanes[kLanes] = {};
+  int64_t i = i0;
+  for (; i + kLanes <= i1; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(x[i + l]) * x[i + l];
+  double s = 0.0;
+  for (int64_t l = 0; l < kLanes; ++l) s += lanes[l];
+  for (; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
 }  // namespace keel

@@ -413,9 +413,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = forward_block(l, x, s, for_backward);
     const double sum = fixed_order_sum<1>(n * h, [x](int64_t i0, int64_t i1) {
-      double s = 0;
-      for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
-      return std::array<double, 1>{s};
+      return std::array<double, 1>{sum_of_squares_in_lanes(x, i0, i1)};
     })[0];
     activation_ms_[l] = sum / static_cast<double>(n * h);
     if (const Moe* m = blocks_[l]->moe()) {

@@ -1,5 +1,6 @@
 #include "keel/core/stage_timer.hpp"
 #include "keel/optim/grad_clip.hpp"
+#include "keel/core/fixed_order_sum.hpp"
 
 #include <cmath>
 #include <algorithm>
@@ -21,10 +22,7 @@ double sum_of_squares(std::span<const float> grads) {
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
-    double s = 0.0;
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
-    partial[static_cast<size_t>(c)] = s;
+    partial[static_cast<size_t>(c)] = sum_of_squares_in_lanes(g, c * kChunk, std::min(n, (c + 1) * kChunk));
   }
   double sum = 0.0;
   for (double s : partial) sum += s;
