@@ -62,9 +62,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
 #pragma omp simd
         for (int64_t j = 0; j < vocab; ++j) z[j] = cap * detail::fast_tanh(z[j] / cap);
       }
-      float zmax = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : zmax)
-      for (int64_t j = 0; j < vocab; ++j) zmax = std::max(zmax, z[j]);
+      const float zmax = detail::max_in_lanes(z, vocab);
       const float zt = z[tg[i]];
       float sum = 0.f;
       if (want_grad && cap == 0.f) {

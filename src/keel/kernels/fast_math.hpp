@@ -5,6 +5,7 @@
 // clamp and the select vectorize only under -fno-trapping-math (CMakeLists.txt says why).
 #include <bit>
 #include <cstdint>
+#include <limits>
 
 namespace keel::kernels::detail {
 
@@ -33,6 +34,24 @@ inline float fast_tanh(float x) {
   const float small = x * (1.f + x2 * (-1.f / 3.f + x2 * (2.f / 15.f + x2 * (-17.f / 315.f + x2 * (62.f / 2835.f)))));
   const float large = 1.f - 2.f / (fast_exp(2.f * x) + 1.f);
   return x2 < 0.0625f ? small : large;
+}
+
+// max of x[0, n) in 16 lanes, -inf for n = 0; NaNs are passed over, as std::max(m, x) passes
+// them. A loop of std::max, even under `omp simd reduction(max)`, stays a chain of scalar vmaxss
+// (3 cycles each): it was four fifths of the loss stage (docs/performance.md, "Zen 5 a third
+// time"). The compare-and-select in lanes vectorizes to vmaxps.
+inline float max_in_lanes(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  constexpr float kLowest = -std::numeric_limits<float>::infinity();
+  float lanes[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = kLowest;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+  float m = kLowest;
+  for (int64_t l = 0; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
 }
 
 }  // namespace keel::kernels::detail
