@@ -42,7 +42,7 @@ TEST(FixedOrderSum, SquaresInLanesMatchTheRunningSum) {
   EXPECT_EQ(sum_of_squares_in_lanes(ints.data(), 0, 1000), exact);
 }
 
-// The chunked sum gives the same bits with one thread and with two: the gradient norm, and so
+// The chunked sum gives the same bits on teams of one, two and three: the gradient norm, and so
 // clipping and the training curve, must not depend on the team the governor hands out.
 TEST(FixedOrderSum, SameBitsOnEveryTeamSize) {
   const auto x = random_floats((size_t{1} << 18) + 777, 11);

@@ -16,6 +16,8 @@ TEST(ParallelFill, ZeroAndCopyCoverEveryElementAndNoMore) {
     std::vector<float> buf(n + 16, 7.f), src(n + 16), dst(n + 16, -1.f);
     for (size_t i = 0; i < src.size(); ++i) src[i] = float(i % 1009) * 0.5f;
     parallel_zero(buf.data(), n);
+    parallel_zero(nullptr, 0);  // an empty FloatBuffer's zero(): no memset on a null pointer
+    parallel_copy(nullptr, nullptr, 0);
     parallel_copy(dst.data(), src.data(), n);
     for (size_t i = 0; i < n; ++i) {
       ASSERT_EQ(buf[i], 0.f) << i;
@@ -28,7 +30,8 @@ TEST(ParallelFill, ZeroAndCopyCoverEveryElementAndNoMore) {
   }
 }
 
-// Called from inside a parallel region (a kernel's own team), it runs on the calling thread.
+// Called from inside a parallel region (a kernel's own team), concurrent calls on their own
+// buffers each zero the whole of theirs.
 TEST(ParallelFill, WorksInsideAParallelRegion) {
   const size_t n = size_t{1} << 18;
   std::vector<std::vector<float>> bufs(4, std::vector<float>(n, 3.f));

@@ -39,6 +39,9 @@ TEST(FastMath, MaxInLanesEqualsTheRunningMax) {
   with_nan.resize(37, -7.f);
   with_nan[20] = std::nanf("");
   EXPECT_EQ(detail::max_in_lanes(with_nan.data(), int64_t(with_nan.size())), 3.f);
+  with_nan[0] = std::nanf("");   // in the first lane's start
+  with_nan[35] = std::nanf("");  // in the tail past the last row of 16
+  EXPECT_EQ(detail::max_in_lanes(with_nan.data(), int64_t(with_nan.size())), 3.f);
   std::vector<float> masked(40, -kInf);
   EXPECT_EQ(detail::max_in_lanes(masked.data(), 40), -kInf);
   masked[39] = -1e30f;

@@ -15,6 +15,7 @@ constexpr size_t kChunk = size_t{1} << 15;
 
 template <typename Body>
 void over_chunks(size_t count, Body body) {
+  if (count == 0) return;  // an empty buffer's pointer may be null, which memset must not get
   if (count < 2 * kChunk || omp_in_parallel()) {
     body(size_t{0}, count);
     return;
