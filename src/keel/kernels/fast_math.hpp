@@ -39,7 +39,8 @@ inline float fast_tanh(float x) {
 // max of x[0, n) in 16 lanes, -inf for n = 0; NaNs are passed over, as std::max(m, x) passes
 // them. A loop of std::max, even under `omp simd reduction(max)`, stays a chain of scalar vmaxss
 // (3 cycles each): 69% of the cross-entropy's own samples in perf, and taking it out halved the
-// loss stage (docs/performance.md, "Zen 5 a third time"). The compare-and-select in lanes vectorizes to vmaxps.
+// loss stage (docs/performance.md, "Zen 5 a third time"). The compare-and-select in lanes
+// vectorizes to vmaxps.
 inline float max_in_lanes(const float* x, int64_t n) {
   constexpr int64_t kLanes = 16;
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
