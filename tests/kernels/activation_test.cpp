@@ -101,5 +101,28 @@ TEST(ActivationKernel, OverwriteEqualsAccumulatingIntoZerosAndIgnoresOldContents
   }
 }
 
+// Overwriting, the input gradient may take dh's own place (the MLP's backward keeps one wide
+// buffer fewer): the same bits as into a separate buffer, for every activation and for a length
+// with a vector tail.
+TEST(ActivationKernel, OverwriteInPlaceOfTheOutputGradientMatchesASeparateBuffer) {
+  for (Activation a : kAll) {
+    SCOPED_TRACE(int(a));
+    const auto gate = away_from_zero(1003, 9);
+    const auto up = random_vector(gate.size(), 10, -2.f, 2.f), dh = random_vector(gate.size(), 11);
+    const int64_t n = int64_t(gate.size());
+    std::vector<float> dg(gate.size()), du(gate.size()), dg_in(gate.size()), du_in = dh;
+    gated_backward(gate.data(), up.data(), dh.data(), dg.data(), du.data(), n, a, GradWrite::Overwrite);
+    gated_backward(gate.data(), up.data(), du_in.data(), dg_in.data(), du_in.data(), n, a, GradWrite::Overwrite);
+    std::vector<float> dx(gate.size()), dx_in = dh;
+    activation_backward(gate.data(), dh.data(), dx.data(), n, a, GradWrite::Overwrite);
+    activation_backward(gate.data(), dx_in.data(), dx_in.data(), n, a, GradWrite::Overwrite);
+    for (size_t i = 0; i < gate.size(); ++i) {
+      ASSERT_EQ(dg[i], dg_in[i]) << i;
+      ASSERT_EQ(du[i], du_in[i]) << i;
+      ASSERT_EQ(dx[i], dx_in[i]) << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::kernels

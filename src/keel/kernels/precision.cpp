@@ -50,6 +50,11 @@ void round_activation(float* x, int64_t n) {
   if (capture != nullptr && n > 0) capture->push_back({x, n});
 }
 
+void unround_activation(const float* x, int64_t n) {
+  if (capture == nullptr) return;
+  std::erase_if(*capture, [&](const FloatSpan& s) { return s.data < x + n && x < s.data + s.count; });
+}
+
 Bf16Capture::Bf16Capture(std::vector<FloatSpan>* out) : previous_(capture) { capture = out; }
 Bf16Capture::~Bf16Capture() { capture = previous_; }
 

@@ -39,6 +39,10 @@ void round_to_bf16(float* x, int64_t n);
 // round_to_bf16 when the calling thread's precision is bf16; nothing in fp32. Under a
 // Bf16Capture of the calling thread it also records x: its values are exact bf16 from here on.
 void round_activation(float* x, int64_t n);
+// x is about to hold values that are not bf16 (a residual sum written over a projection's
+// output): forgets every span recorded under the calling thread's Bf16Capture that overlaps
+// [x, x + n), so packing copies it as fp32 instead of rounding it.
+void unround_activation(const float* x, int64_t n);
 
 // A run of floats.
 struct FloatSpan {

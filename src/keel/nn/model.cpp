@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
+#include <utility>
 
 #include "keel/core/error.hpp"
 #include "keel/kernels/cross_entropy.hpp"
@@ -56,32 +58,29 @@ std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpe
   return MlaAttention(store, spec, layer, rope);
 }
 
-void add_into(float* dst, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 4096)
-  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
-}
-
 // One residual sublayer, out = wrap(x + after(f(before(x)))), for the training forward and the
 // incremental one alike: `norm` runs a Norm (saving for backward or not), `f` the module.
 // matmul_input: f reads its input only as a matmul operand (attention's and a dense MLP's
 // projections, not a router), so under bf16 the normed input is stored rounded, the value every
 // one of its uses takes anyway (and a bf16 activation that packing can hold in 2 bytes).
-// unused (if not null) gets after(f(...)) once it is added in: no module keeps its own output for
-// the backward (Norm keeps its input, attention its heads, an FFN its hidden activation).
+// The sum takes the place of after(f(...)): no backward reads a module's or a norm's output (Norm
+// keeps its input, attention its heads, an FFN its hidden activation), so the residual stream
+// needs no buffer of its own. Under bf16 that place held a rounded projection output; the sum
+// is not bf16, so it is taken off the tensors packing stores in 2 bytes.
 template <class Sub, class NormFn, class F>
-float* residual(Sub& sub, Arena& arena, const float* in, int64_t n, int64_t hidden, bool matmul_input,
-                std::vector<kernels::FloatSpan>* unused, NormFn&& norm, F&& f) {
+float* residual(Sub& sub, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm, F&& f) {
   const float* f_in = in;
   if (sub.before) {
     float* normed = norm(*sub.before, in);
     if (matmul_input) kernels::round_activation(normed, n * hidden);
     f_in = normed;
   }
-  float* y = f(f_in);
-  if (sub.after) y = norm(*sub.after, y);
-  float* sum = arena.alloc(static_cast<size_t>(n * hidden));
-  add_into(sum, in, y, n * hidden);
-  if (unused != nullptr) unused->push_back({y, n * hidden});
+  float* sum = f(f_in);
+  if (sub.after) sum = norm(*sub.after, sum);
+  const int64_t count = n * hidden;
+  kernels::unround_activation(sum, count);
+#pragma omp parallel for schedule(static) if (count > 4096)
+  for (int64_t i = 0; i < count; ++i) sum[i] += in[i];
   return sub.wrap ? norm(*sub.wrap, sum) : sum;
 }
 
@@ -112,7 +111,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
                                 float* max_logit) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(attn_norms_, arena, x, n, hidden_, true, unused_, norm, [&](const float* in) {
+  return residual(attn_norms_, x, n, hidden_, true, norm, [&](const float* in) {
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
@@ -121,7 +120,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
 float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), unused_, norm, [&](const float* in) {
+  return residual(mlp_norms_, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
     return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
   });
 }
@@ -129,11 +128,11 @@ float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, 
 float* Block::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                                   KvCache& cache) const {
   auto norm = [&](const Norm& nm, const float* in) { return nm.forward_incremental(store, arena, in, n); };
-  float* x1 = residual(attn_norms_, arena, x, n, hidden_, true, nullptr, norm, [&](const float* in) {
+  float* x1 = residual(attn_norms_, x, n, hidden_, true, norm, [&](const float* in) {
     return attention_ ? attention_->forward_incremental(store, arena, in, n, cache)
                       : mla_->forward_incremental(store, arena, in, n, cache);
   });
-  return residual(mlp_norms_, arena, x1, n, hidden_, mlp_.has_value(), nullptr, norm, [&](const float* in) {
+  return residual(mlp_norms_, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
     return mlp_ ? mlp_->forward_incremental(store, arena, in, n) : moe_->forward_incremental(store, arena, in, n);
   });
 }
@@ -156,13 +155,16 @@ float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& are
       else moe_->backward(store, arena, dy, dx, n);
     }
   };
+  // Only dx outlives the sublayer: what it allocates after dx is given back at its end, so the
+  // attention's backward reuses the memory of the MLP's (the larger of the two, not their sum).
+  float* dx = arena.alloc(size);
+  const Arena::Mark scratch = arena.mark();
   const float* ds = d_out;
   if (sub.wrap) {
     float* t = arena.alloc_zeroed(size);
     sub.wrap->backward(store, d_out, t, n);
     ds = t;
   }
-  float* dx = arena.alloc(size);
   parallel_copy(dx, ds, size);  // the residual path
   const float* dy = ds;
   if (sub.after) {
@@ -177,6 +179,7 @@ float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& are
   } else {
     f_backward(dy, dx);
   }
+  arena.release(scratch);
   return dx;
 }
 
@@ -310,21 +313,6 @@ std::string_view recompute_name(Recompute r) {
   return "none";
 }
 
-namespace {
-// While alive, `block`'s training forward lists what its backward never reads in *out (unset
-// on the way out, whatever way that is).
-class UnusedListing {
- public:
-  UnusedListing(Block& block, std::vector<kernels::FloatSpan>* out) : block_(block) { block_.list_unused(out); }
-  ~UnusedListing() { block_.list_unused(nullptr); }
-  UnusedListing(const UnusedListing&) = delete;
-  UnusedListing& operator=(const UnusedListing&) = delete;
-
- private:
-  Block& block_;
-};
-}  // namespace
-
 float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, bool for_backward) {
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
@@ -344,7 +332,6 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     return keep_output(
         [&] {
           kernels::Bf16Capture capture(packed_.capture(l));
-          UnusedListing listing(block, packed_.unused(l));
           return part();
         },
         [&](const Arena::Mark& mark, const float* out) {
@@ -371,13 +358,12 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   return pack ? packed(mlp) : mlp();
 }
 
-float* TransformerModel::backward_block(size_t l, float* dout, const StepShape& s) {
+void TransformerModel::backward_block(size_t l, const float* dout, float* d_in, const StepShape& s) {
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
   // The backward's own temporaries are given back after each block in every mode: only dx
-  // travels on to the block below.
-  float* kept = arena_.alloc(size);
+  // travels on to the block below, in d_in.
   const Arena::Mark mark = arena_.mark();
   const float* dx = nullptr;
   if (packing_) packed_.unpack(l);  // nothing was packed under Recompute::Blocks
@@ -394,9 +380,8 @@ float* TransformerModel::backward_block(size_t l, float* dout, const StepShape& 
       break;
     }
   }
-  std::memcpy(kept, dx, size * sizeof(float));
+  std::memcpy(d_in, dx, size * sizeof(float));
   arena_.release(mark);
-  return kept;
 }
 
 float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s, bool for_backward) {
@@ -446,8 +431,13 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
     dx = arena_.alloc_zeroed(size);
     final_norm_->backward(store_, dhf, dx, n);
   }
+  // Two buffers take turns carrying the gradient down the blocks: a block's output gradient is
+  // dead once its input gradient is out (one buffer a block would add up to the forward's
+  // residual stream in a deep model).
+  float* spare = arena_.alloc(size);
   for (size_t l = blocks_.size(); l-- > 0;) {
-    dx = backward_block(l, dx, s);
+    backward_block(l, dx, spare, s);
+    std::swap(dx, spare);
     if (block_backward_hook_) block_backward_hook_(static_cast<int64_t>(l));
   }
   kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h, static_cast<float>(spec_.embed_scale));

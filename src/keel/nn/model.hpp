@@ -49,9 +49,6 @@ class Block {
   // The routed-expert FFN of an MoE layer, null for a dense one.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
-  // While set, the training forward lists here what its backward never reads: each sublayer's
-  // output once added into the residual stream (bf16 packing drops them).
-  void list_unused(std::vector<kernels::FloatSpan>* out) { unused_ = out; }
 
  private:
   float* backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
@@ -65,7 +62,6 @@ class Block {
   // Exactly one FFN: a dense MLP or routed experts (spec.is_moe_layer).
   std::optional<Mlp> mlp_;
   std::optional<Moe> moe_;
-  std::vector<kernels::FloatSpan>* unused_ = nullptr;
 };
 
 // Throws keel::Error(source, "model_type", why) for a family keel reads but cannot build
@@ -152,8 +148,9 @@ class TransformerModel {
   float* forward_hidden(const int32_t* tokens, const StepShape& s, bool for_backward = false);
   // Block l's forward under recompute_, keeping what the backward needs; returns its output.
   float* forward_block(size_t l, float* x, const StepShape& s, bool for_backward);
-  // Block l's backward (recomputing first what forward_block dropped); returns dx.
-  float* backward_block(size_t l, float* dout, const StepShape& s);
+  // Block l's backward from its output gradient dout (recomputing first what forward_block
+  // dropped); its input gradient lands in d_in.
+  void backward_block(size_t l, const float* dout, float* d_in, const StepShape& s);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;

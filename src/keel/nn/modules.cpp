@@ -382,12 +382,13 @@ float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const
 
 void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
   const size_t wide = static_cast<size_t>(n * width_);
-  // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass.
+  // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass. dup takes
+  // dh's place (the activation's backward reads each dh before writing that dup).
   constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
   float* dh = arena.alloc(wide);
   kernels::linear_backward(h_, store.data(w_down_), dy, dh, store.grad(w_down_), opt_grad(store, b_down_), n, width_,
                            hidden_, conv1d_, 0, kOnly);
-  float* dup = arena.alloc(wide);
+  float* dup = dh;
   if (gated_) {
     float* dgate = arena.alloc(wide);
     kernels::gated_backward(gate_, up_, dh, dgate, dup, n * width_, act_, kOnly);

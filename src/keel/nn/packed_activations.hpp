@@ -7,10 +7,10 @@
 // stream, norm statistics, log-sum-exps, router state) copied as it is, and the next block is
 // laid out right after the compacted copy. Before the block's backward the stretch is expanded
 // back to where it was, so every pointer the modules hold is valid again; what it overwrites
-// then (later blocks' copies) is dead by that time. Tensors the block declares unused after its
-// forward (what its sublayers add into the residual stream, and its output once copied out) are
-// dropped from the copy altogether and come back as NaN (the backward never reads them). Memory: the
-// blocks' compacted copies plus one block expanded, instead of every block in fp32. Nothing is
+// then (later blocks' copies) is dead by that time. Tensors declared unused after the block's
+// forward (its output, once copied out of the stretch for the next block) are dropped from the
+// copy altogether and come back as NaN (the backward never reads them). Memory: the blocks'
+// compacted copies plus one block expanded, instead of every block in fp32. Nothing is
 // rounded that was not already rounded: gradients are bit-identical to keeping the values in fp32
 // slots (tested, which also catches a tensor wrongly declared unused).
 #include <cstddef>
