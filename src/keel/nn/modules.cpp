@@ -349,48 +349,62 @@ Mlp::Mlp(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool
   if (bias_) b_down_ = add(down, TensorPart::Bias, {hidden_});
 }
 
-float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate, float*& up,
-                    float*& h) const {
-  const size_t wide = static_cast<size_t>(n * width_);
-  up = arena.alloc(wide);
-  h = arena.alloc(wide);
-  kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up, n, hidden_, width_, conv1d_);
+// h = act(gate)·up (gated) or act(up), rounded under bf16 as the down projection would read it.
+void Mlp::activate(const float* gate, const float* up, float* h, int64_t n) const {
   if (gated_) {
-    gate = arena.alloc(wide);
-    kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate, n, hidden_, width_);
     kernels::gated_forward(gate, up, h, n * width_, act_);
   } else {
     kernels::activation_forward(up, h, n * width_, act_);
   }
-  // bf16: h is only ever a matmul operand (down_proj, and its weight gradient), which rounds it
-  // anyway; stored rounded, it is a bf16 activation (packed between forward and backward).
   kernels::round_activation(h, n * width_);
+}
+
+float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate,
+                    float*& up) const {
+  const size_t wide = static_cast<size_t>(n * width_);
+  up = arena.alloc(wide);
+  if (gated_) gate = arena.alloc(wide);
   float* y = arena.alloc(static_cast<size_t>(n * hidden_));
+  // The hidden activation is not kept: the backward recomputes it from gate and up, one
+  // elementwise pass, instead of holding n × width floats per layer until then (a seventh to a
+  // quarter of a dense block's activations; Korthikanti et al. 2022 recompute such cheap parts
+  // selectively).
+  const Arena::Mark temporary = arena.mark();
+  float* h = arena.alloc(wide);
+  kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up, n, hidden_, width_, conv1d_);
+  if (gated_) kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate, n, hidden_, width_);
+  activate(gate, up, h, n);
   kernels::linear_forward(h, store.data(w_down_), opt(store, b_down_), y, n, width_, hidden_, conv1d_);
+  kernels::unround_activation(h, static_cast<int64_t>(wide));  // its place is handed out again
+  arena.release(temporary);
   return y;
 }
 
 float* Mlp::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
   x_ = x;
-  return compute(store, arena, x, n, gate_, up_, h_);
+  return compute(store, arena, x, n, gate_, up_);
 }
 
 float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {
-  float *gate = nullptr, *up = nullptr, *h = nullptr;
-  return compute(store, arena, x, n, gate, up, h);
+  float *gate = nullptr, *up = nullptr;
+  return compute(store, arena, x, n, gate, up);
 }
 
 void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
   const size_t wide = static_cast<size_t>(n * width_);
+  // h again, the same kernel on the same stored gate and up: the forward's bits.
+  float* h = arena.alloc(wide);
+  activate(gate_, up_, h, n);
   // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass. dup takes
-  // dh's place (the activation's backward reads each dh before writing that dup).
+  // dh's place (the activation's backward reads each dh before writing that dup), dgate h's
+  // (read by down_proj's weight gradient only).
   constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
   float* dh = arena.alloc(wide);
-  kernels::linear_backward(h_, store.data(w_down_), dy, dh, store.grad(w_down_), opt_grad(store, b_down_), n, width_,
+  kernels::linear_backward(h, store.data(w_down_), dy, dh, store.grad(w_down_), opt_grad(store, b_down_), n, width_,
                            hidden_, conv1d_, 0, kOnly);
   float* dup = dh;
   if (gated_) {
-    float* dgate = arena.alloc(wide);
+    float* dgate = h;
     kernels::gated_backward(gate_, up_, dh, dgate, dup, n * width_, act_, kOnly);
     kernels::linear_backward(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
                              hidden_, width_);

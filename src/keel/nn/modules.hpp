@@ -128,14 +128,14 @@ class Mlp {
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
 
  private:
-  float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate, float*& up,
-                 float*& h) const;
+  float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate, float*& up) const;
+  void activate(const float* gate, const float* up, float* h, int64_t n) const;
   bool conv1d_, gated_, bias_;
   int64_t hidden_, width_;
   kernels::Activation act_;
   ParamRef w_gate_, b_gate_, w_up_, b_up_, w_down_, b_down_;
   const float* x_ = nullptr;
-  float *gate_ = nullptr, *up_ = nullptr, *h_ = nullptr;
+  float *gate_ = nullptr, *up_ = nullptr;  // h is recomputed from them
 };
 
 // Wires a module into the residual stream:
