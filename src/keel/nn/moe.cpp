@@ -86,6 +86,17 @@ Moe::FusedExpert Moe::fused_expert(const ParameterStore& store, int64_t e) const
           store.data(down_bias_) + e * C};
 }
 
+// One expert's hidden activation over its m grouped rows: the clamped SwiGLU of gpt-oss's
+// interleaved gate_up, or act(gate)·up; rounded under bf16 (a matmul operand only, as in Mlp).
+void Moe::activate(const float* g, const float* u, float* h, int64_t m) const {
+  if (fused_) {
+    kernels::clamped_swiglu_forward(g, h, m, width_, swiglu_);
+  } else {
+    kernels::gated_forward(g, u, h, m * width_, act_);
+  }
+  kernels::round_activation(h, m * width_);
+}
+
 void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, float* probs, float* weights,
                         Routing& r, float* xg, float* g, float* u, float* h, float* ye) const {
   const int64_t E = router_.experts, k = router_.top_k, C = hidden_, F = width_, rows = n * k;
@@ -125,16 +136,14 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
     if (fused_) {  // gu = x·W_gu + b (interleaved gate/up), h = clamped SwiGLU, y = h·W_d + b
       const FusedExpert w = fused_expert(store, e);
       kernels::linear_forward(xg + r0 * C, w.gate_up, w.gate_up_bias, g + r0 * 2 * F, m, C, 2 * F, true);
-      kernels::clamped_swiglu_forward(g + r0 * 2 * F, h + r0 * F, m, F, swiglu_);
-      kernels::round_activation(h + r0 * F, m * F);  // a matmul operand only (as in Mlp::compute)
+      activate(g + r0 * 2 * F, nullptr, h + r0 * F, m);
       kernels::linear_forward(h + r0 * F, w.down, w.down_bias, ye + r0 * C, m, F, C, true);
       continue;
     }
     const Expert& w = experts_[static_cast<size_t>(e)];
     kernels::linear_forward(xg + r0 * C, store.data(w.gate), nullptr, g + r0 * F, m, C, F);
     kernels::linear_forward(xg + r0 * C, store.data(w.up), nullptr, u + r0 * F, m, C, F);
-    kernels::gated_forward(g + r0 * F, u + r0 * F, h + r0 * F, m * F, act_);
-    kernels::round_activation(h + r0 * F, m * F);
+    activate(g + r0 * F, u + r0 * F, h + r0 * F, m);
     kernels::linear_forward(h + r0 * F, store.data(w.down), nullptr, ye + r0 * C, m, F, C);
   }
 }
@@ -161,9 +170,14 @@ float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t
   xg_ = arena.alloc(static_cast<size_t>(rows * C));
   g_ = arena.alloc(static_cast<size_t>(rows * gate_cols()));
   u_ = arena.alloc(static_cast<size_t>(rows * F));
-  h_ = arena.alloc(static_cast<size_t>(rows * F));
   ye_ = arena.alloc(static_cast<size_t>(rows * C));
-  route_and_run(store, x, n, probs_, weights_, routing_, xg_, g_, u_, h_, ye_);
+  // The experts' hidden activations are not kept: the backward recomputes them from g and u
+  // (as Mlp does), so they sit above everything kept and their place is given back.
+  const Arena::Mark temporary = arena.mark();
+  float* h = arena.alloc(static_cast<size_t>(rows * F));
+  route_and_run(store, x, n, probs_, weights_, routing_, xg_, g_, u_, h, ye_);
+  kernels::unround_activation(h, rows * F);
+  arena.release(temporary);
   entropy_ = kernels::router_entropy(router_, probs_, n);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t count = routing_.offsets[static_cast<size_t>(e + 1)] - routing_.offsets[static_cast<size_t>(e)];
@@ -216,9 +230,17 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
     dweights[a] = dot;
   }
 
+  // h again, expert by expert as the forward made it: the same bits.
+  float* h = arena.alloc(static_cast<size_t>(rows * F));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
+    if (m > 0) activate(g_ + r0 * gate_cols(), fused_ ? nullptr : u_ + r0 * F, h + r0 * F, m);
+  }
   float* dh = arena.alloc_zeroed(static_cast<size_t>(rows * F));
   float* dg = arena.alloc_zeroed(static_cast<size_t>(rows * gate_cols()));
-  float* du = arena.alloc_zeroed(static_cast<size_t>(rows * F));
+  // An expert's rows of h are read only by its down projection's weight gradient, before its
+  // rows of du are written (once each: every row belongs to one expert): du takes h's place.
+  float* du = h;
   float* dxg = arena.alloc_zeroed(static_cast<size_t>(rows * C));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
@@ -229,16 +251,17 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
       float* d_gate_up_bias = store.grad(gate_up_bias_) + e * 2 * F;
       float* d_down = store.grad(down_) + e * F * C;
       float* d_down_bias = store.grad(down_bias_) + e * C;
-      kernels::linear_backward(h_ + r0 * F, w.down, dye + r0 * C, dh + r0 * F, d_down, d_down_bias, m, F, C, true);
+      kernels::linear_backward(h + r0 * F, w.down, dye + r0 * C, dh + r0 * F, d_down, d_down_bias, m, F, C, true);
       kernels::clamped_swiglu_backward(g_ + r0 * 2 * F, dh + r0 * F, dg + r0 * 2 * F, m, F, swiglu_);
       kernels::linear_backward(xg_ + r0 * C, w.gate_up, dg + r0 * 2 * F, dxg + r0 * C, d_gate_up, d_gate_up_bias, m, C,
                                2 * F, true);
       continue;
     }
     const Expert& w = experts_[static_cast<size_t>(e)];
-    kernels::linear_backward(h_ + r0 * F, store.data(w.down), dye + r0 * C, dh + r0 * F, store.grad(w.down), nullptr,
+    kernels::linear_backward(h + r0 * F, store.data(w.down), dye + r0 * C, dh + r0 * F, store.grad(w.down), nullptr,
                              m, F, C);
-    kernels::gated_backward(g_ + r0 * F, u_ + r0 * F, dh + r0 * F, dg + r0 * F, du + r0 * F, m * F, act_);
+    kernels::gated_backward(g_ + r0 * F, u_ + r0 * F, dh + r0 * F, dg + r0 * F, du + r0 * F, m * F, act_,
+                            kernels::GradWrite::Overwrite);
     kernels::linear_backward(xg_ + r0 * C, store.data(w.gate), dg + r0 * F, dxg + r0 * C, store.grad(w.gate), nullptr,
                              m, C, F);
     kernels::linear_backward(xg_ + r0 * C, store.data(w.up), du + r0 * F, dxg + r0 * C, store.grad(w.up), nullptr, m,

@@ -81,6 +81,7 @@ class Moe {
     const float *gate_up, *gate_up_bias, *down, *down_bias;
   };
   FusedExpert fused_expert(const ParameterStore& store, int64_t e) const;
+  void activate(const float* g, const float* u, float* h, int64_t m) const;
   // Columns of the gate buffer per row: width, or 2·width for gpt-oss's interleaved gate_up.
   int64_t gate_cols() const { return fused_ ? 2 * width_ : width_; }
 
@@ -99,7 +100,7 @@ class Moe {
   // Saved by forward.
   const float* x_ = nullptr;
   float *probs_ = nullptr, *weights_ = nullptr;   // (n, E), (n, k)
-  float *xg_ = nullptr, *g_ = nullptr, *u_ = nullptr, *h_ = nullptr, *ye_ = nullptr;  // grouped rows
+  float *xg_ = nullptr, *g_ = nullptr, *u_ = nullptr, *ye_ = nullptr;  // grouped rows (h is recomputed)
   Routing routing_;
   std::vector<float> load_;
   double entropy_ = 0;
