@@ -140,17 +140,18 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
                                          "tests/fixtures/mla_no_q_lora/config.json"));
 
 // What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
-// and block, q before and after QK-Norm/RoPE and the attention output (3 x heads x head_dim), k
-// before and after and v (3 x kv_heads x head_dim), the two normed sublayer inputs (2 x hidden)
-// and gate and up (2 x intermediate; the FFN's hidden activation is recomputed, not kept).
+// and block, q before QK-Norm and the attention output (2 x heads x head_dim), k before QK-Norm
+// and v (2 x kv_heads x head_dim), the two normed sublayer inputs (2 x hidden) and gate and up
+// (2 x intermediate). q and k after QK-Norm/RoPE and the FFN's hidden activation are recomputed
+// by the backward, not kept.
 // Dropped: the block's output in the stretch (1 x hidden; the residual sums take the places of
 // the projections' outputs).
 TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
   const TwoSteps r = run("bench/configs/qwen3_small.json", true, Recompute::None, 2, 128);
   const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/bench/configs/qwen3_small.json");
   const double hd = double(s.attention.head_dim);
-  const double floats_per_token = 3.0 * double(s.attention.num_heads) * hd +
-                                  3.0 * double(s.attention.num_kv_heads) * hd + 2.0 * double(s.hidden_size) +
+  const double floats_per_token = 2.0 * double(s.attention.num_heads) * hd +
+                                  2.0 * double(s.attention.num_kv_heads) * hd + 2.0 * double(s.hidden_size) +
                                   2.0 * double(s.mlp.intermediate_size);
   // Every block but the last, whose backward comes first (it is never packed).
   const double tokens_blocks = 256.0 * double(s.num_layers - 1);

@@ -163,8 +163,8 @@ void Attention::round_inputs(const Inputs& in, int64_t n) const {
   kernels::round_activation(in.v, n * kv_heads_ * head_dim_);
 }
 
-Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, const float* x,
-                                     const StepShape& s) const {
+Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s,
+                                     bool heads_now) const {
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   Inputs in;
@@ -178,8 +178,10 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
     in.v = in.qkv + 2 * hidden_;
     return in;
   }
-  in.q = arena.alloc(static_cast<size_t>(n * q_out));
-  in.k = arena.alloc(static_cast<size_t>(n * kv_out));
+  if (!qk_norm_) {
+    in.q = arena.alloc(static_cast<size_t>(n * q_out));
+    in.k = arena.alloc(static_cast<size_t>(n * kv_out));
+  }
   in.v = arena.alloc(static_cast<size_t>(n * kv_out));
   float* q_dst = in.q;
   float* k_dst = in.k;
@@ -197,14 +199,26 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
   }
   kernels::linear_forward(x, store.data(wk_), opt(store, bk_), k_dst, n, hidden_, kv_out);
   kernels::linear_forward(x, store.data(wv_), opt(store, bv_), in.v, n, hidden_, kv_out);
-  if (qk_norm_) {
-    const QkNorm::Saved saved = qk_norm_->forward(store, arena, in.q_raw, in.k_raw, in.q, in.k, n);
-    in.q_rstd = saved.q_rstd;
-    in.k_rstd = saved.k_rstd;
+  if (!qk_norm_) {
+    rope_at(in.q, *rope_, s, heads_, head_dim_);
+    rope_at(in.k, *rope_, s, kv_heads_, head_dim_);
+    return in;
   }
+  const QkNorm::Saved stats = qk_norm_->stats(arena, in.q_raw, in.k_raw, n);
+  in.q_rstd = stats.q_rstd;
+  in.k_rstd = stats.k_rstd;
+  if (heads_now) {
+    in.q = arena.alloc(static_cast<size_t>(n * q_out));
+    in.k = arena.alloc(static_cast<size_t>(n * kv_out));
+    normed_heads(store, in, s);
+  }
+  return in;
+}
+
+void Attention::normed_heads(const ParameterStore& store, const Inputs& in, const StepShape& s) const {
+  qk_norm_->normalize(store, {in.q_raw, in.k_raw, in.q_rstd, in.k_rstd}, in.q, in.k, s.tokens());
   rope_at(in.q, *rope_, s, heads_, head_dim_);
   rope_at(in.k, *rope_, s, kv_heads_, head_dim_);
-  return in;
 }
 
 float* Attention::output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const {
@@ -230,13 +244,26 @@ float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, c
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_;
   x_ = x;
-  saved_ = project(store, arena, x, s);
-  // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
-  // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
-  round_inputs(saved_, n);
+  const bool recomputed = qk_norm_.has_value();  // q, k are temporaries (Inputs)
+  saved_ = project(store, arena, x, s, /*heads_now=*/!recomputed);
   out_ = arena.alloc(static_cast<size_t>(n * q_out));
   lse_ = arena.alloc(static_cast<size_t>(s.batch * heads_ * s.seq));
-  kernels::attention_forward(saved_.q, saved_.k, saved_.v, out_, lse_, max_logit, dims(s));
+  const Arena::Mark temporary = arena.mark();
+  Inputs in = saved_;
+  if (recomputed) {
+    in.q = arena.alloc(static_cast<size_t>(n * q_out));
+    in.k = arena.alloc(static_cast<size_t>(n * kv_heads_ * head_dim_));
+    normed_heads(store, in, s);
+  }
+  // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
+  // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
+  round_inputs(in, n);
+  kernels::attention_forward(in.q, in.k, in.v, out_, lse_, max_logit, dims(s));
+  if (recomputed) {  // their place is handed out again
+    kernels::unround_activation(in.q, n * q_out);
+    kernels::unround_activation(in.k, n * kv_heads_ * head_dim_);
+    arena.release(temporary);
+  }
   o_input_ = finish(store, arena, saved_, out_, lse_, dims(s));
   return output(store, arena, o_input_, n);
 }
@@ -292,10 +319,18 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
                              3 * hidden_, true);
     return;
   }
+  Inputs in = saved_;
+  if (qk_norm_) {  // q and k again, as the forward made and rounded them: the same bits
+    in.q = arena.alloc(static_cast<size_t>(n * q_out));
+    in.k = arena.alloc(static_cast<size_t>(n * kv_out));
+    normed_heads(store, in, s);
+    kernels::round_activation(in.q, n * q_out);
+    kernels::round_activation(in.k, n * kv_out);
+  }
   float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
-  kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dq, dk, dv, dims(s));
+  kernels::attention_backward(in.q, in.k, in.v, out_, lse_, d_out, dq, dk, dv, dims(s));
   kernels::rope_backward(dq, *rope_, s.batch, s.seq, heads_, head_dim_);
   kernels::rope_backward(dk, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
   const float* dq_proj = dq;

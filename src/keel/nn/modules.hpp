@@ -82,7 +82,9 @@ class Attention {
 
  private:
   // The attention inputs of n tokens: q, k (after QK-Norm and RoPE), v; the pre-norm
-  // projections and their rstd only with QK-Norm.
+  // projections and their rstd only with QK-Norm. With QK-Norm the training forward keeps q_raw
+  // and k_raw only and the backward recomputes q and k (an RMSNorm and a rotation), rather than
+  // keep both forms of each.
   struct Inputs {
     float *q = nullptr, *k = nullptr, *v = nullptr, *q_raw = nullptr, *k_raw = nullptr;
     float *q_rstd = nullptr, *k_rstd = nullptr;
@@ -91,7 +93,12 @@ class Attention {
   };
   // round_activation of q, k and v (one span for GPT-2's interleaved rows).
   void round_inputs(const Inputs& in, int64_t n) const;
-  Inputs project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s) const;
+  // heads_now = false (QK-Norm only): q and k are left null, for normed_heads into buffers of
+  // the caller's choosing (the training forward's temporaries, the backward's recomputation).
+  Inputs project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s,
+                 bool heads_now = true) const;
+  // QK-Norm then RoPE from in's q_raw, k_raw into in.q, in.k.
+  void normed_heads(const ParameterStore& store, const Inputs& in, const StepShape& s) const;
   kernels::AttentionDims dims(const StepShape& s) const;
   float* output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const;
   // What o_proj reads: the attention output, times σ(gate) with the output gate. Also applies

@@ -31,15 +31,24 @@ const float* QkNorm::gain(const ParameterStore& store, ParamRef r, int64_t width
 
 QkNorm::Saved QkNorm::forward(const ParameterStore& store, Arena& arena, const float* q_raw, const float* k_raw,
                               float* q, float* k, int64_t n) const {
-  Saved s{q_raw, k_raw, arena.alloc(static_cast<size_t>(n * q_rows_per_token_)),
+  const Saved s = stats(arena, q_raw, k_raw, n);
+  normalize(store, s, q, k, n);
+  return s;
+}
+
+QkNorm::Saved QkNorm::stats(Arena& arena, const float* q_raw, const float* k_raw, int64_t n) const {
+  return {q_raw, k_raw, arena.alloc(static_cast<size_t>(n * q_rows_per_token_)),
           arena.alloc(static_cast<size_t>(n * k_rows_per_token_))};
+}
+
+void QkNorm::normalize(const ParameterStore& store, const Saved& s, float* q, float* k, int64_t n) const {
   // Each normalized vector is one row of the RMSNorm kernel; q and k are (n, heads·head_dim)
   // either way, so the two widths are two views of the same memory.
-  float* qg = unit_offset_ ? arena.alloc(static_cast<size_t>(q_width_)) : nullptr;
-  float* kg = unit_offset_ ? arena.alloc(static_cast<size_t>(k_width_)) : nullptr;
-  kernels::rmsnorm_forward(q_raw, gain(store, q_gain_, q_width_, qg), q, s.q_rstd, n * q_rows_per_token_, q_width_, eps_);
-  kernels::rmsnorm_forward(k_raw, gain(store, k_gain_, k_width_, kg), k, s.k_rstd, n * k_rows_per_token_, k_width_, eps_);
-  return s;
+  std::vector<float> qg(unit_offset_ ? static_cast<size_t>(q_width_) : 0), kg(unit_offset_ ? static_cast<size_t>(k_width_) : 0);
+  kernels::rmsnorm_forward(s.q_raw, gain(store, q_gain_, q_width_, qg.data()), q, s.q_rstd, n * q_rows_per_token_,
+                           q_width_, eps_);
+  kernels::rmsnorm_forward(s.k_raw, gain(store, k_gain_, k_width_, kg.data()), k, s.k_rstd, n * k_rows_per_token_,
+                           k_width_, eps_);
 }
 
 void QkNorm::backward(ParameterStore& store, const Saved& s, const float* dq, const float* dk, float* dq_raw,

@@ -29,6 +29,11 @@ class QkNorm {
   // q_raw: (n, heads, head_dim), k_raw: (n, kv_heads, head_dim) -> q, k (same shapes, overwritten).
   Saved forward(const ParameterStore& store, Arena& arena, const float* q_raw, const float* k_raw, float* q, float* k,
                 int64_t n) const;
+  // forward in two parts, so q and k can be allocated after the statistics (and given back
+  // while they are kept): the rstd buffers from the arena, then q, k from saved's q_raw, k_raw,
+  // writing its rstd. Again on the same input, the same bits (the backward recomputes q, k).
+  Saved stats(Arena& arena, const float* q_raw, const float* k_raw, int64_t n) const;
+  void normalize(const ParameterStore& store, const Saved& saved, float* q, float* k, int64_t n) const;
   // Accumulates dq_raw, dk_raw and the q_norm / k_norm gain gradients from dq, dk.
   void backward(ParameterStore& store, const Saved& saved, const float* dq, const float* dk, float* dq_raw,
                 float* dk_raw, int64_t n) const;
