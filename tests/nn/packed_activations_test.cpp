@@ -104,12 +104,13 @@ TEST(Bf16Capture, UnroundForgetsExactlyTheSpansItOverlaps) {
 using two_steps::expect_same_bits;
 using two_steps::TwoSteps;
 
-TwoSteps run(const std::string& config, bool packed, Recompute r, int64_t batch, int64_t seq) {
+TwoSteps run(const std::string& config, bool packed, Recompute r, int64_t batch, int64_t seq,
+             const std::vector<std::string>& overrides = {}) {
   return two_steps::run_two_steps(config, [&](TransformerModel& m) {
     m.set_precision(kernels::Precision::Bf16);
     m.set_pack_bf16_activations(packed);
     m.set_recompute(r);
-  }, batch, seq);
+  }, batch, seq, overrides);
 }
 
 class PackedActivationsMatch : public testing::TestWithParam<const char*> {};
@@ -125,6 +126,17 @@ TEST_P(PackedActivationsMatch, GradientsAndStatsKeepTheirBits) {
     EXPECT_GT(packed.compacted, 0u);
     EXPECT_GT(packed.dropped, 0u);
   }
+}
+
+// A shared expert's output is a rounded projection until the routed experts' outputs are added
+// into it; a post-sublayer norm (sandwich placement) then keeps it as its input. Three layers so
+// that an MoE block (the first is dense) is packed at all.
+TEST(PackedActivations, MoeSharedExpertUnderSandwichNormsKeepsItsBits) {
+  const std::vector<std::string> sets = {"num_hidden_layers=3", "keel.norm_placement=sandwich"};
+  const TwoSteps slots = run("tests/fixtures/deepseek_v3/config.json", false, Recompute::None, 2, 8, sets);
+  const TwoSteps packed = run("tests/fixtures/deepseek_v3/config.json", true, Recompute::None, 2, 8, sets);
+  two_steps::expect_same_step(slots, packed);
+  EXPECT_GT(packed.packed_fp32, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,

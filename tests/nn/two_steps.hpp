@@ -21,10 +21,11 @@ struct TwoSteps {
   size_t arena = 0, packed_fp32 = 0, dropped = 0, compacted = 0;
 };
 
-// config: relative to the source tree; setup: switches on the model before its first step.
+// config: relative to the source tree, with `overrides` (key=value, as --set); setup: switches
+// on the model before its first step.
 inline TwoSteps run_two_steps(const std::string& config, const std::function<void(TransformerModel&)>& setup,
-                              int64_t batch, int64_t seq) {
-  TransformerModel model(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config));
+                              int64_t batch, int64_t seq, const std::vector<std::string>& overrides = {}) {
+  TransformerModel model(arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config, overrides));
   model.initialize(5);
   setup(model);
   const int64_t n = batch * seq;

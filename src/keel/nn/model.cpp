@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 #include <utility>
-#include <utility>
 
 #include "keel/core/error.hpp"
 #include "keel/kernels/cross_entropy.hpp"
@@ -64,9 +63,9 @@ std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpe
 // projections, not a router), so under bf16 the normed input is stored rounded, the value every
 // one of its uses takes anyway (and a bf16 activation that packing can hold in 2 bytes).
 // The sum takes the place of after(f(...)): no backward reads a module's or a norm's output (Norm
-// keeps its input, attention its heads, an FFN its hidden activation), so the residual stream
-// needs no buffer of its own. Under bf16 that place held a rounded projection output; the sum
-// is not bf16, so it is taken off the tensors packing stores in 2 bytes.
+// keeps its input, attention its projected heads, an FFN gate and up), so the residual stream
+// needs no buffer of its own. Under bf16 that place may have held a rounded projection output;
+// the sum is not bf16, so it is taken off the tensors packing stores in 2 bytes.
 template <class Sub, class NormFn, class F>
 float* residual(Sub& sub, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm, F&& f) {
   const float* f_in = in;

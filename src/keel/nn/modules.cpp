@@ -219,6 +219,10 @@ void Attention::normed_heads(const ParameterStore& store, const Inputs& in, cons
   qk_norm_->normalize(store, {in.q_raw, in.k_raw, in.q_rstd, in.k_rstd}, in.q, in.k, s.tokens());
   rope_at(in.q, *rope_, s, heads_, head_dim_);
   rope_at(in.k, *rope_, s, kv_heads_, head_dim_);
+  // bf16: rounded here as well as by round_inputs (rounding is idempotent), so the backward's
+  // recomputation cannot read q and k at a precision the forward's attention did not.
+  kernels::round_activation(in.q, s.tokens() * heads_ * head_dim_);
+  kernels::round_activation(in.k, s.tokens() * kv_heads_ * head_dim_);
 }
 
 float* Attention::output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const {
@@ -324,8 +328,6 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     in.q = arena.alloc(static_cast<size_t>(n * q_out));
     in.k = arena.alloc(static_cast<size_t>(n * kv_out));
     normed_heads(store, in, s);
-    kernels::round_activation(in.q, n * q_out);
-    kernels::round_activation(in.k, n * kv_out);
   }
   float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));

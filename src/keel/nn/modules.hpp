@@ -97,7 +97,7 @@ class Attention {
   // the caller's choosing (the training forward's temporaries, the backward's recomputation).
   Inputs project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s,
                  bool heads_now = true) const;
-  // QK-Norm then RoPE from in's q_raw, k_raw into in.q, in.k.
+  // QK-Norm then RoPE from in's q_raw, k_raw into in.q, in.k (rounded under bf16).
   void normed_heads(const ParameterStore& store, const Inputs& in, const StepShape& s) const;
   kernels::AttentionDims dims(const StepShape& s) const;
   float* output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const;

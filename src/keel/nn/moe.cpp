@@ -184,6 +184,9 @@ float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t
     load_[static_cast<size_t>(e)] = rows ? static_cast<float>(count) / static_cast<float>(rows) : 0.f;
   }
   float* y = shared_ ? shared_->forward(store, arena, x, n) : arena.alloc_zeroed(static_cast<size_t>(n * C));
+  // The shared expert's output was a rounded projection; with the routed outputs added it is
+  // not bf16, and a post-sublayer norm keeps it as its input: off the packed list.
+  if (shared_) kernels::unround_activation(y, n * C);
   combine(routing_, weights_, ye_, y, n);
   return y;
 }
@@ -202,6 +205,7 @@ void Moe::infer(const ParameterStore& store, const float* x, float* y, int64_t n
     kernels::linear_forward(x, store.data(shared_refs_.gate), nullptr, sg.data(), n, C, S);
     kernels::linear_forward(x, store.data(shared_refs_.up), nullptr, su.data(), n, C, S);
     kernels::gated_forward(sg.data(), su.data(), sh.data(), n * S, act_);
+    kernels::round_activation(sh.data(), n * S);  // as Mlp::activate rounds it in training
     kernels::linear_forward(sh.data(), store.data(shared_refs_.down), nullptr, y, n, S, C);
   }
   combine(r, weights.data(), ye.data(), y, n);

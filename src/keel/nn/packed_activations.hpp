@@ -1,7 +1,7 @@
 #pragma once
 // bf16 activation storage (run.precision = "bf16", run.bf16_activations = "packed"). Under bf16
 // mixed precision most of what a block saves for its backward is bf16 values already (every
-// round_activation: matmul outputs, q/k/v, the attention output, the FFN's hidden activation),
+// round_activation: projections' outputs, q/k/v, the attention output, gate and up),
 // held in fp32 slots. After a block's forward its whole stretch of the activation arena is
 // compacted in place: the recorded bf16 tensors to 2 bytes a value, everything else (residual
 // stream, norm statistics, log-sum-exps, router state) copied as it is, and the next block is
