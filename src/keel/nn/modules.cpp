@@ -190,10 +190,17 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
     in.k_raw = k_dst = arena.alloc(static_cast<size_t>(n * kv_out));
   }
   if (output_gate_) {
+    in.gate = arena.alloc(static_cast<size_t>(n * q_out));
+    // The joint product is read only by the split: a temporary, its place given back.
+    const Arena::Mark temporary = arena.mark();
     float* qg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
     kernels::linear_forward(x, store.data(wq_), opt(store, bq_), qg, n, hidden_, 2 * q_out);
-    in.gate = arena.alloc(static_cast<size_t>(n * q_out));
     split_query_gate(qg, q_dst, in.gate, n, heads_, head_dim_);
+    kernels::unround_activation(qg, n * 2 * q_out);
+    arena.release(temporary);
+    // Copies of a rounded product: bf16 values already, recorded so packing holds them in 2 bytes.
+    kernels::round_activation(q_dst, n * q_out);
+    kernels::round_activation(in.gate, n * q_out);
   } else {
     kernels::linear_forward(x, store.data(wq_), opt(store, bq_), q_dst, n, hidden_, q_out);
   }

@@ -169,7 +169,7 @@ float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t
   weights_ = arena.alloc(static_cast<size_t>(rows));
   xg_ = arena.alloc(static_cast<size_t>(rows * C));
   g_ = arena.alloc(static_cast<size_t>(rows * gate_cols()));
-  u_ = arena.alloc(static_cast<size_t>(rows * F));
+  u_ = fused_ ? nullptr : arena.alloc(static_cast<size_t>(rows * F));  // gpt-oss: gate and up interleaved in g_
   ye_ = arena.alloc(static_cast<size_t>(rows * C));
   // The experts' hidden activations are not kept: the backward recomputes them from g and u
   // (as Mlp does), so they sit above everything kept and their place is given back.
