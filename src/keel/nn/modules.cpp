@@ -9,6 +9,7 @@
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/norm.hpp"
 #include "keel/kernels/precision.hpp"
+#include "keel/nn/arena_temporaries.hpp"
 #include "keel/nn/output_gate.hpp"
 
 namespace keel::nn {
@@ -191,13 +192,12 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
   }
   if (output_gate_) {
     in.gate = arena.alloc(static_cast<size_t>(n * q_out));
-    // The joint product is read only by the split: a temporary, its place given back.
-    const Arena::Mark temporary = arena.mark();
-    float* qg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
-    kernels::linear_forward(x, store.data(wq_), opt(store, bq_), qg, n, hidden_, 2 * q_out);
-    split_query_gate(qg, q_dst, in.gate, n, heads_, head_dim_);
-    kernels::unround_activation(qg, n * 2 * q_out);
-    arena.release(temporary);
+    {  // the joint product is read only by the split
+      ArenaTemporaries temporaries(arena);
+      float* qg = temporaries.alloc(n * 2 * q_out);
+      kernels::linear_forward(x, store.data(wq_), opt(store, bq_), qg, n, hidden_, 2 * q_out);
+      split_query_gate(qg, q_dst, in.gate, n, heads_, head_dim_);
+    }
     // Copies of a rounded product: bf16 values already, recorded so packing holds them in 2 bytes.
     kernels::round_activation(q_dst, n * q_out);
     kernels::round_activation(in.gate, n * q_out);
@@ -259,21 +259,18 @@ float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, c
   saved_ = project(store, arena, x, s, /*heads_now=*/!recomputed);
   out_ = arena.alloc(static_cast<size_t>(n * q_out));
   lse_ = arena.alloc(static_cast<size_t>(s.batch * heads_ * s.seq));
-  const Arena::Mark temporary = arena.mark();
-  Inputs in = saved_;
-  if (recomputed) {
-    in.q = arena.alloc(static_cast<size_t>(n * q_out));
-    in.k = arena.alloc(static_cast<size_t>(n * kv_heads_ * head_dim_));
-    normed_heads(store, in, s);
-  }
-  // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
-  // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
-  round_inputs(in, n);
-  kernels::attention_forward(in.q, in.k, in.v, out_, lse_, max_logit, dims(s));
-  if (recomputed) {  // their place is handed out again
-    kernels::unround_activation(in.q, n * q_out);
-    kernels::unround_activation(in.k, n * kv_heads_ * head_dim_);
-    arena.release(temporary);
+  {
+    ArenaTemporaries temporaries(arena);
+    Inputs in = saved_;
+    if (recomputed) {
+      in.q = temporaries.alloc(n * q_out);
+      in.k = temporaries.alloc(n * kv_heads_ * head_dim_);
+      normed_heads(store, in, s);
+    }
+    // bf16: q, k, v are the attention's matmul inputs (QKᵀ and PV), stored rounded as a bf16
+    // attention kernel would read them; scores, softmax and their sums stay fp32 inside the kernel.
+    round_inputs(in, n);
+    kernels::attention_forward(in.q, in.k, in.v, out_, lse_, max_logit, dims(s));
   }
   o_input_ = finish(store, arena, saved_, out_, lse_, dims(s));
   return output(store, arena, o_input_, n);
@@ -413,14 +410,12 @@ float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, i
   // elementwise pass, instead of holding n × width floats per layer until then (a seventh to a
   // quarter of a dense block's activations; Korthikanti et al. 2022 recompute such cheap parts
   // selectively).
-  const Arena::Mark temporary = arena.mark();
-  float* h = arena.alloc(wide);
+  ArenaTemporaries temporaries(arena);
+  float* h = temporaries.alloc(n * width_);
   kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up, n, hidden_, width_, conv1d_);
   if (gated_) kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate, n, hidden_, width_);
   activate(gate, up, h, n);
   kernels::linear_forward(h, store.data(w_down_), opt(store, b_down_), y, n, width_, hidden_, conv1d_);
-  kernels::unround_activation(h, static_cast<int64_t>(wide));  // its place is handed out again
-  arena.release(temporary);
   return y;
 }
 

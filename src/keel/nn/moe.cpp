@@ -6,6 +6,7 @@
 #include "keel/core/error.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/precision.hpp"
+#include "keel/nn/arena_temporaries.hpp"
 
 namespace keel::nn {
 
@@ -173,11 +174,10 @@ float* Moe::forward(ParameterStore& store, Arena& arena, const float* x, int64_t
   ye_ = arena.alloc(static_cast<size_t>(rows * C));
   // The experts' hidden activations are not kept: the backward recomputes them from g and u
   // (as Mlp does), so they sit above everything kept and their place is given back.
-  const Arena::Mark temporary = arena.mark();
-  float* h = arena.alloc(static_cast<size_t>(rows * F));
-  route_and_run(store, x, n, probs_, weights_, routing_, xg_, g_, u_, h, ye_);
-  kernels::unround_activation(h, rows * F);
-  arena.release(temporary);
+  {
+    ArenaTemporaries temporaries(arena);
+    route_and_run(store, x, n, probs_, weights_, routing_, xg_, g_, u_, temporaries.alloc(rows * F), ye_);
+  }
   entropy_ = kernels::router_entropy(router_, probs_, n);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t count = routing_.offsets[static_cast<size_t>(e + 1)] - routing_.offsets[static_cast<size_t>(e)];
