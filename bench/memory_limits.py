@@ -15,7 +15,8 @@ part (weights, gradients, AdamW's moments, buffers) and the bytes per token; fro
 Both are extrapolations from measured points; the script says which points it measured.
 
     /usr/bin/python3 bench/memory_limits.py [--keel build/release/keel] [--budget-gib 24]
-        [--seqs 256,1024] [--precision fp32|bf16] [--json]
+        [--seqs 256,1024] [--precision fp32|bf16] [--bf16-activations packed|fp32|all]
+        [--recompute none,attention,blocks] [--json]
 """
 import argparse
 import json
@@ -27,10 +28,12 @@ CONFIG = os.path.join(ROOT, "configs/hf/qwen3-0.6b.json")
 MIB = 1024 * 1024
 
 
-def measure(keel, recompute, seq, precision, threads):
+def measure(keel, recompute, seq, precision, storage, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     args = [keel, "bench", "--config", CONFIG, "--batch", "1", "--seq", str(seq), "--steps", "1", "--warmup", "1",
             "--recompute", recompute, "--precision", precision, "--json"]
+    if precision == "bf16":
+        args += ["--bf16-activations", storage]
     return json.loads(subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout)
 
 
@@ -48,15 +51,18 @@ def main():
     ap.add_argument("--budget-gib", type=float, default=24.0)
     ap.add_argument("--seqs", default="256,1024")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--bf16-activations", default="packed", choices=["packed", "fp32", "all"],
+                    help="with --precision bf16: how the saved activations are held (run.bf16_activations)")
+    ap.add_argument("--recompute", default="none,attention,blocks", help="the settings to measure, comma-separated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     t0, t1 = (int(s) for s in args.seqs.split(","))
     budget = args.budget_gib * 1024 * MIB
     base_params = params(args.keel, 1024)
-    for recompute in ("none", "attention", "blocks"):
-        a = measure(args.keel, recompute, t0, args.precision, args.threads)
-        b = measure(args.keel, recompute, t1, args.precision, args.threads)
+    for recompute in args.recompute.split(","):
+        a = measure(args.keel, recompute, t0, args.precision, args.bf16_activations, args.threads)
+        b = measure(args.keel, recompute, t1, args.precision, args.bf16_activations, args.threads)
         per_token = (b["peak_rss_mb"] - a["peak_rss_mb"]) * MIB / (t1 - t0)
         fixed = a["peak_rss_mb"] * MIB - per_token * t0
         longest = int((budget - fixed) / per_token)
@@ -68,6 +74,7 @@ def main():
                 break
             widest = hidden
         row = {"recompute": recompute, "precision": args.precision, "measured_seqs": [t0, t1],
+               "bf16_activations": args.bf16_activations if args.precision == "bf16" else None,
                "peak_rss_mb": [round(a["peak_rss_mb"]), round(b["peak_rss_mb"])],
                "tokens_per_s": [round(a["tokens_per_s"], 1), round(b["tokens_per_s"], 1)],
                "fixed_mb": round(fixed / MIB), "kib_per_token": round(per_token / 1024, 1),

@@ -101,14 +101,35 @@ TEST(Bf16Capture, UnroundForgetsExactlyTheSpansItOverlaps) {
   EXPECT_EQ(seen[1].count, 8);
 }
 
+TEST(Bf16Capture, KeepsResidualTensorsUnroundedAndOnlyWhenAskedTo) {
+  std::vector<float> a(8, 1.1f), b(4, 2.2f);
+  std::vector<kernels::FloatSpan> exact, all;
+  kernels::PrecisionScope bf16(kernels::Precision::Bf16);
+  {
+    kernels::Bf16Capture capture(&exact);
+    kernels::keep_residual_as_bf16(a.data(), 8);  // bf16_activations = "packed": not recorded
+    {
+      kernels::Bf16Capture inner(&all, /*residual_too=*/true);
+      kernels::keep_residual_as_bf16(b.data(), 4);
+    }
+    kernels::keep_residual_as_bf16(a.data(), 8);  // the outer scope's setting is back
+  }
+  kernels::keep_residual_as_bf16(a.data(), 8);  // no capture alive
+  EXPECT_TRUE(exact.empty());
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].data, b.data());
+  EXPECT_EQ(all[0].count, 4);
+  EXPECT_EQ(b[0], 2.2f);  // recorded as it is: packing rounds the kept copy, not the forward's value
+}
+
 using two_steps::expect_same_bits;
 using two_steps::TwoSteps;
 
-TwoSteps run(const std::string& config, bool packed, Recompute r, int64_t batch, int64_t seq,
+TwoSteps run(const std::string& config, Bf16Activations storage, Recompute r, int64_t batch, int64_t seq,
              const std::vector<std::string>& overrides = {}) {
   return two_steps::run_two_steps(config, [&](TransformerModel& m) {
     m.set_precision(kernels::Precision::Bf16);
-    m.set_pack_bf16_activations(packed);
+    m.set_bf16_activations(storage);
     m.set_recompute(r);
   }, batch, seq, overrides);
 }
@@ -118,8 +139,8 @@ class PackedActivationsMatch : public testing::TestWithParam<const char*> {};
 TEST_P(PackedActivationsMatch, GradientsAndStatsKeepTheirBits) {
   for (Recompute r : {Recompute::None, Recompute::Attention}) {
     SCOPED_TRACE(std::string(recompute_name(r)));
-    const TwoSteps slots = run(GetParam(), false, r, 2, 8);
-    const TwoSteps packed = run(GetParam(), true, r, 2, 8);
+    const TwoSteps slots = run(GetParam(), Bf16Activations::Fp32, r, 2, 8);
+    const TwoSteps packed = run(GetParam(), Bf16Activations::Packed, r, 2, 8);
     two_steps::expect_same_step(slots, packed);
     EXPECT_EQ(slots.packed_fp32, 0u);
     EXPECT_GT(packed.packed_fp32, 0u);
@@ -133,8 +154,8 @@ TEST_P(PackedActivationsMatch, GradientsAndStatsKeepTheirBits) {
 // that an MoE block (the first is dense) is packed at all.
 TEST(PackedActivations, MoeSharedExpertUnderSandwichNormsKeepsItsBits) {
   const std::vector<std::string> sets = {"num_hidden_layers=3", "keel.norm_placement=sandwich"};
-  const TwoSteps slots = run("tests/fixtures/deepseek_v3/config.json", false, Recompute::None, 2, 8, sets);
-  const TwoSteps packed = run("tests/fixtures/deepseek_v3/config.json", true, Recompute::None, 2, 8, sets);
+  const TwoSteps slots = run("tests/fixtures/deepseek_v3/config.json", Bf16Activations::Fp32, Recompute::None, 2, 8, sets);
+  const TwoSteps packed = run("tests/fixtures/deepseek_v3/config.json", Bf16Activations::Packed, Recompute::None, 2, 8, sets);
   two_steps::expect_same_step(slots, packed);
   EXPECT_GT(packed.packed_fp32, 0u);
 }
@@ -151,6 +172,89 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
                                          "tests/fixtures/olmo2/config.json", "tests/fixtures/qwen3_gate/config.json",
                                          "tests/fixtures/mla_no_q_lora/config.json"));
 
+// The relative L2 distance between two gradient vectors.
+double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    n += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(d / n);
+}
+
+// bf16_activations = "all": the forward is the same computation (loss, max logits, expert loads
+// and activation RMS keep their bits); the backward reads the residual stream's copies rounded to
+// bf16, so the gradients move, by about what bf16 rounding of a norm's input moves them. Where
+// no norm reads the residual stream (OLMo 2 normalizes only the sublayers' outputs; the stream
+// feeds matmuls, which round their operands anyway) nothing moves at all.
+struct AllCase {
+  const char* config;
+  std::vector<std::string> overrides;  // three layers where the fixture allows: two blocks packed
+  bool norm_reads_residual;
+};
+
+class PackedAllResidual : public testing::TestWithParam<AllCase> {};
+
+TEST_P(PackedAllResidual, ForwardKeepsItsBitsAndGradientsMoveByBf16Rounding) {
+  const AllCase& c = GetParam();
+  const TwoSteps packed = run(c.config, Bf16Activations::Packed, Recompute::None, 2, 8, c.overrides);
+  const TwoSteps all = run(c.config, Bf16Activations::All, Recompute::None, 2, 8, c.overrides);
+  EXPECT_EQ(packed.ce, all.ce);
+  expect_same_bits(packed.max_logits, all.max_logits, "max logits");
+  expect_same_bits(packed.expert_load, all.expert_load, "expert load");
+  EXPECT_EQ(packed.activation_ms, all.activation_ms);
+  EXPECT_GT(all.packed_fp32, packed.packed_fp32);
+  ASSERT_EQ(packed.grads.size(), all.grads.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < all.grads.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(all.grads[i])) << i;  // a dropped tensor read back would be NaN
+    differ += all.grads[i] != packed.grads[i];
+  }
+  if (c.norm_reads_residual) {
+    EXPECT_GT(differ, 0u) << "the residual copies were not rounded";
+  } else {
+    EXPECT_EQ(differ, 0u);
+  }
+  EXPECT_LT(relative_distance(all.grads, packed.grads), 5e-3);  // measured 1e-4 .. 3e-3
+  // The same bound holds against fp32 slots, the bit-exact storage.
+  const TwoSteps slots = run(c.config, Bf16Activations::Fp32, Recompute::None, 2, 8, c.overrides);
+  EXPECT_LT(relative_distance(all.grads, slots.grads), 5e-3);
+  // Under attention recomputation the block inputs stay fp32 and "all" is "packed".
+  const TwoSteps packed_r = run(c.config, Bf16Activations::Packed, Recompute::Attention, 2, 8, c.overrides);
+  const TwoSteps all_r = run(c.config, Bf16Activations::All, Recompute::Attention, 2, 8, c.overrides);
+  two_steps::expect_same_step(packed_r, all_r);
+}
+
+const std::vector<std::string> kThreeLayers = {"num_hidden_layers=3"};
+INSTANTIATE_TEST_SUITE_P(
+    Families, PackedAllResidual,
+    testing::Values(AllCase{"tests/fixtures/qwen3/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/gpt2/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/deepseek_v3/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/gpt_oss/config.json", {}, true},  // layer_types fixes 2 layers
+                    AllCase{"tests/fixtures/llama_sandwich/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/gemma2/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/llama_layernorm_post/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/olmo2/config.json", kThreeLayers, false},
+                    AllCase{"tests/fixtures/mla_no_q_lora/config.json", kThreeLayers, true}));
+
+// What "all" saves, counted by hand for qwen3_small at 2 x 128 tokens: each packed block's input
+// copy and its mid-block sum are packed (2 x hidden more fp32 values per token in
+// packed_fp32), the stretches keep their size (the input's bf16 copy takes what the sum's fp32
+// bytes gave up), and no block's fp32 output stays between the stretches: the arena is smaller
+// by one hidden-wide fp32 tensor per packed block, less the second residual buffer.
+TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenBlocksCountedByHand) {
+  const std::string config = "bench/configs/qwen3_small.json";
+  const TwoSteps packed = run(config, Bf16Activations::Packed, Recompute::None, 2, 128);
+  const TwoSteps all = run(config, Bf16Activations::All, Recompute::None, 2, 128);
+  const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config);
+  const double hidden_bytes = 256.0 * double(s.hidden_size) * sizeof(float);  // one fp32 tensor
+  const double packed_blocks = double(s.num_layers - 1);
+  EXPECT_EQ(double(all.packed_fp32) - double(packed.packed_fp32), 2.0 * hidden_bytes * packed_blocks);
+  EXPECT_EQ(all.compacted, packed.compacted);
+  EXPECT_EQ(double(packed.arena) - double(all.arena), hidden_bytes * (packed_blocks - 1.0));
+}
+
 // What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
 // and block, q before QK-Norm and the attention output (2 x heads x head_dim), k before QK-Norm
 // and v (2 x kv_heads x head_dim), the two normed sublayer inputs (2 x hidden) and gate and up
@@ -159,7 +263,7 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
 // Dropped: the block's output in the stretch (1 x hidden; the residual sums take the places of
 // the projections' outputs).
 TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
-  const TwoSteps r = run("bench/configs/qwen3_small.json", true, Recompute::None, 2, 128);
+  const TwoSteps r = run("bench/configs/qwen3_small.json", Bf16Activations::Packed, Recompute::None, 2, 128);
   const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/bench/configs/qwen3_small.json");
   const double hd = double(s.attention.head_dim);
   const double floats_per_token = 2.0 * double(s.attention.num_heads) * hd +
@@ -170,7 +274,7 @@ TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
   EXPECT_EQ(double(r.packed_fp32), floats_per_token * tokens_blocks * sizeof(float));
   EXPECT_EQ(double(r.dropped), 1.0 * double(s.hidden_size) * tokens_blocks * sizeof(float));
   // Compacted and expanded stretches of megabytes, the next block laid over the freed space:
-  const TwoSteps slots = run("bench/configs/qwen3_small.json", false, Recompute::None, 2, 128);
+  const TwoSteps slots = run("bench/configs/qwen3_small.json", Bf16Activations::Fp32, Recompute::None, 2, 128);
   EXPECT_EQ(slots.ce, r.ce);
   expect_same_bits(slots.grads, r.grads, "gradients");
   // The arena: the compacted blocks plus one block expanded, against every block in fp32.

@@ -138,6 +138,8 @@ TEST(RunConfig, Bf16ActivationsDefaultToPackedAndRoundTrip) {
   RunConfig a = parse_run_config(kBase, "run.toml", {"run.bf16_activations=\"fp32\""});
   EXPECT_EQ(a.bf16_activations, "fp32");
   EXPECT_EQ(parse_run_config(to_toml(a), "again.toml").bf16_activations, "fp32");
+  RunConfig all = parse_run_config(kBase, "run.toml", {"run.bf16_activations=\"all\""});
+  EXPECT_EQ(parse_run_config(to_toml(all), "again.toml").bf16_activations, "all");
   EXPECT_EQ(error_field(kBase, {"run.bf16_activations=\"fp16\""}), "run.bf16_activations");
 }
 

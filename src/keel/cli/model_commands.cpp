@@ -308,9 +308,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
       ->check(CLI::IsMember({"none", "attention", "blocks"}));
   cmd->add_option("--bf16-activations", o->bf16_activations,
-                  "with --precision bf16: packed (saved activations held as bf16, the default) or fp32 "
-                  "(the same values in fp32 slots; run.bf16_activations)")
-      ->check(CLI::IsMember({"packed", "fp32"}));
+                  "with --precision bf16: packed (saved bf16 activations held in 2 bytes, the default), fp32 "
+                  "(the same values in fp32 slots) or all (the residual stream's saved copies rounded to bf16 "
+                  "too, lossy; run.bf16_activations)")
+      ->check(CLI::IsMember({"packed", "fp32", "all"}));
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->callback([o] {
     arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
@@ -320,7 +321,7 @@ void register_bench(CLI::App& app) {
     nn::TransformerModel model(spec);
     model.set_precision(*kernels::parse_precision(o->precision));
     model.set_recompute(*nn::parse_recompute(o->recompute));
-    model.set_pack_bf16_activations(o->bf16_activations == "packed");
+    model.set_bf16_activations(*nn::parse_bf16_activations(o->bf16_activations));
     if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
       std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
     }

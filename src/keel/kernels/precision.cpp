@@ -10,6 +10,7 @@ namespace keel::kernels {
 namespace {
 thread_local Precision current = Precision::Fp32;
 thread_local std::vector<FloatSpan>* capture = nullptr;
+thread_local bool capture_residual = false;
 
 // Overlapping conversion goes through a small buffer one chunk at a time, so the loops that
 // convert never read what they write (they vectorize) and the chunk order keeps every value read
@@ -55,8 +56,19 @@ void unround_activation(const float* x, int64_t n) {
   std::erase_if(*capture, [&](const FloatSpan& s) { return s.data < x + n && x < s.data + s.count; });
 }
 
-Bf16Capture::Bf16Capture(std::vector<FloatSpan>* out) : previous_(capture) { capture = out; }
-Bf16Capture::~Bf16Capture() { capture = previous_; }
+void keep_residual_as_bf16(const float* x, int64_t n) {
+  if (capture != nullptr && capture_residual && n > 0) capture->push_back({const_cast<float*>(x), n});
+}
+
+Bf16Capture::Bf16Capture(std::vector<FloatSpan>* out, bool residual_too)
+    : previous_(capture), previous_residual_(capture_residual) {
+  capture = out;
+  capture_residual = residual_too;
+}
+Bf16Capture::~Bf16Capture() {
+  capture = previous_;
+  capture_residual = previous_residual_;
+}
 
 void pack_bf16(const float* src, uint16_t* dst, int64_t n) {
   uint16_t buf[kChunk];

@@ -44,6 +44,13 @@ void round_activation(float* x, int64_t n);
 // [x, x + n), so packing copies it as fp32 instead of rounding it.
 void unround_activation(const float* x, int64_t n);
 
+// bf16_activations = "all": x is a residual-stream tensor that a backward reads (a norm's
+// input, a block's input). Under a Bf16Capture opened with residual_too it is recorded as it is,
+// not rounded: the forward goes on reading its fp32 values, and only the copy kept for the
+// backward is rounded to the nearest bf16 when packing compacts it (lossy, unlike every
+// round_activation span). Nothing happens otherwise.
+void keep_residual_as_bf16(const float* x, int64_t n);
+
 // A run of floats.
 struct FloatSpan {
   float* data;
@@ -52,16 +59,18 @@ struct FloatSpan {
 
 // While alive, every round_activation of the calling thread in bf16 appends its span to *out:
 // the tensors a block stored as bf16 values, which bf16 activation storage then holds packed
-// (nn/packed_activations.hpp). Scopes nest; the innermost one records.
+// (nn/packed_activations.hpp). With residual_too, keep_residual_as_bf16 appends its spans as
+// well. Scopes nest; the innermost one records.
 class Bf16Capture {
  public:
-  explicit Bf16Capture(std::vector<FloatSpan>* out);
+  explicit Bf16Capture(std::vector<FloatSpan>* out, bool residual_too = false);
   ~Bf16Capture();
   Bf16Capture(const Bf16Capture&) = delete;
   Bf16Capture& operator=(const Bf16Capture&) = delete;
 
  private:
   std::vector<FloatSpan>* previous_;
+  bool previous_residual_;
 };
 
 // src: (n) floats -> dst: (n) bf16 values (rounded to nearest even; exact for values that

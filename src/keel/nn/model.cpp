@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "keel/core/error.hpp"
+#include "keel/core/parallel_fill.hpp"
 #include "keel/kernels/cross_entropy.hpp"
 #include "keel/kernels/embedding.hpp"
 
@@ -65,7 +66,8 @@ std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpe
 // The sum takes the place of after(f(...)): no backward reads a module's or a norm's output (Norm
 // keeps its input, attention its projected heads, an FFN gate and up), so the residual stream
 // needs no buffer of its own. Under bf16 that place may have held a rounded projection output;
-// the sum is not bf16, so it is taken off the tensors packing stores in 2 bytes.
+// the sum is not bf16, so it is taken off the tensors packing stores in 2 bytes (and, under
+// bf16_activations = "all", put back as a residual tensor that packing rounds).
 template <class Sub, class NormFn, class F>
 float* residual(Sub& sub, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm, F&& f) {
   const float* f_in = in;
@@ -80,7 +82,11 @@ float* residual(Sub& sub, const float* in, int64_t n, int64_t hidden, bool matmu
   kernels::unround_activation(sum, count);
 #pragma omp parallel for schedule(static) if (count > 4096)
   for (int64_t i = 0; i < count; ++i) sum[i] += in[i];
-  return sub.wrap ? norm(*sub.wrap, sum) : sum;
+  kernels::keep_residual_as_bf16(sum, count);
+  if (!sub.wrap) return sum;
+  float* out = norm(*sub.wrap, sum);
+  kernels::keep_residual_as_bf16(out, count);
+  return out;
 }
 
 }  // namespace
@@ -343,6 +349,26 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   // packing_ is only set for a training forward. The last block's backward comes first: packing
   // it would only be undone at once, and its expanded stretch is part of the peak either way.
   const bool pack = packing_ && l + 1 < blocks_.size();
+  if (pack && residual_buffers_[1] != nullptr) {
+    // bf16_activations = "all": the block runs on a copy of its input inside its own stretch,
+    // which packing rounds to bf16 with the residual sums, and its output goes to the residual
+    // buffer its input is not in, outside every stretch; nothing fp32 of the residual stream
+    // stays between two packed blocks.
+    float* dest = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
+    const Arena::Mark mark = arena_.mark();
+    const float* out = nullptr;
+    {
+      kernels::Bf16Capture capture(packed_.capture(l), /*residual_too=*/true);
+      float* input = arena_.alloc(size);
+      parallel_copy(input, x, size);
+      kernels::keep_residual_as_bf16(input, static_cast<int64_t>(size));
+      out = block.forward(store_, arena_, input, s, max_logit);
+    }
+    parallel_copy(dest, out, size);
+    packed_.unused(l)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+    packed_.pack(l, arena_, mark);
+    return dest;
+  }
   if (!for_backward || recompute_ == Recompute::None) {
     auto whole = [&] { return block.forward(store_, arena_, x, s, max_logit); };
     return pack ? packed(whole) : whole();
@@ -392,8 +418,15 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   embed(tokens, s, x);
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
   block_inputs_.assign(blocks_.size(), nullptr);
-  packing_ = for_backward && pack_bf16_activations_ && precision_ == kernels::Precision::Bf16;
+  packing_ = for_backward && bf16_activations_ != Bf16Activations::Fp32 && precision_ == kernels::Precision::Bf16;
   if (packing_) packed_.start(blocks_.size());
+  // The residual buffers of bf16_activations = "all" (forward_block): the embedding output, then
+  // the first block's output in a second buffer, the second's over the embeddings, and so on.
+  residual_buffers_[0] = residual_buffers_[1] = nullptr;
+  if (packing_ && bf16_activations_ == Bf16Activations::All && recompute_ == Recompute::None && blocks_.size() > 1) {
+    residual_buffers_[0] = x;
+    residual_buffers_[1] = arena_.alloc(static_cast<size_t>(n * h));
+  }
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = forward_block(l, x, s, for_backward);
     const double sum = fixed_order_sum<1>(n * h, [x](int64_t i0, int64_t i1) {

@@ -88,10 +88,11 @@ class TransformerModel {
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
   // bf16 activation storage (nn/packed_activations.hpp): under bf16 precision, what the blocks
-  // save for the backward is held packed as bf16 between forward and backward. On by default;
-  // off keeps those bf16 values in fp32 slots (the same numerics, twice the memory).
-  void set_pack_bf16_activations(bool on) { pack_bf16_activations_ = on; }
-  bool pack_bf16_activations() const { return pack_bf16_activations_; }
+  // save for the backward is held packed as bf16 between forward and backward. Packed by
+  // default; Fp32 keeps those bf16 values in fp32 slots (the same numerics, twice the memory);
+  // All rounds the residual stream's saved copies too (lossy; see Bf16Activations).
+  void set_bf16_activations(Bf16Activations a) { bf16_activations_ = a; }
+  Bf16Activations bf16_activations() const { return bf16_activations_; }
   // Of the last training step: bytes the packed bf16 tensors would take in fp32, the bytes of
   // all blocks' compacted stretches, and the fp32 bytes of the unused tensors dropped from them
   // (all 0 without packing).
@@ -171,8 +172,11 @@ class TransformerModel {
   kernels::Precision precision_ = kernels::Precision::Fp32;
   Recompute recompute_ = Recompute::None;
   std::vector<float*> block_inputs_;  // of the last training forward, for recomputation
-  bool pack_bf16_activations_ = true;
-  bool packing_ = false;  // this training step packs (bf16 precision and the switch on)
+  Bf16Activations bf16_activations_ = Bf16Activations::Packed;
+  bool packing_ = false;  // this training step packs (bf16 precision, activations not Fp32)
+  // bf16_activations = All under recompute none: the block outputs alternate between these two
+  // (the embedding output and one more buffer), outside every packed stretch.
+  float* residual_buffers_[2] = {nullptr, nullptr};
   PackedActivations packed_;
 };
 

@@ -57,6 +57,22 @@ void move_piece(char* base, const P& p) {
 
 }  // namespace
 
+std::optional<Bf16Activations> parse_bf16_activations(std::string_view name) {
+  if (name == "fp32") return Bf16Activations::Fp32;
+  if (name == "packed") return Bf16Activations::Packed;
+  if (name == "all") return Bf16Activations::All;
+  return std::nullopt;
+}
+
+std::string_view bf16_activations_name(Bf16Activations a) {
+  switch (a) {
+    case Bf16Activations::Fp32: return "fp32";
+    case Bf16Activations::Packed: return "packed";
+    case Bf16Activations::All: return "all";
+  }
+  return "packed";
+}
+
 void PackedActivations::start(size_t blocks) {
   spans_.assign(blocks, {});
   unused_.assign(blocks, {});

@@ -15,12 +15,29 @@
 // slots (tested, which also catches a tensor wrongly declared unused).
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "keel/core/arena.hpp"
 #include "keel/kernels/precision.hpp"
 
 namespace keel::nn {
+
+// run.bf16_activations: how a bf16 training step holds what the blocks keep for the backward.
+//   Fp32:   bf16 values in fp32 slots (4 bytes each), the rest fp32.
+//   Packed: the bf16 values in 2 bytes, the residual stream's copies in fp32 (the default:
+//           gradients bit-identical to Fp32).
+//   All:    Packed, plus the residual stream's copies that the backward reads (each block's
+//           input and the sums inside it, the norms' inputs) rounded to bf16 when packed, and
+//           no fp32 copy of a block's output left between the blocks. The forward is unchanged
+//           (it reads the fp32 values); the backward reads the rounded ones, as in training
+//           with a bf16 residual stream (Megatron-LM's default, fp32_residual_connection off).
+//           Under recompute = attention or blocks the block inputs stay fp32 for the
+//           recomputation, and All is Packed.
+enum class Bf16Activations { Fp32, Packed, All };
+std::optional<Bf16Activations> parse_bf16_activations(std::string_view name);
+std::string_view bf16_activations_name(Bf16Activations a);
 
 class PackedActivations {
  public:

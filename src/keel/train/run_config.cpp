@@ -8,6 +8,7 @@
 
 #include "keel/core/error.hpp"
 #include "keel/core/files.hpp"
+#include "keel/nn/packed_activations.hpp"
 #include "keel/train/toml_section.hpp"
 
 namespace keel::train {
@@ -70,8 +71,8 @@ void read_run_section(TomlSection run, RunConfig& c) {
   }
   c.recompute = *parsed_recompute;
   c.bf16_activations = run.string_or("bf16_activations", c.bf16_activations);
-  if (c.bf16_activations != "packed" && c.bf16_activations != "fp32") {
-    run.fail("bf16_activations", "unknown bf16_activations '" + c.bf16_activations + "'; supported: packed, fp32");
+  if (!nn::parse_bf16_activations(c.bf16_activations)) {
+    run.fail("bf16_activations", "unknown bf16_activations '" + c.bf16_activations + "'; supported: packed, fp32, all");
   }
   run.finish();
 }

@@ -22,8 +22,9 @@ struct RunConfig {
   kernels::Precision precision = kernels::Precision::Fp32;
   // Activation recomputation: none, attention or blocks (docs/performance.md); same gradients.
   nn::Recompute recompute = nn::Recompute::None;
-  // Under bf16: "packed" holds saved activations as bf16 between forward and backward (about half
-  // the activation memory, same gradients); "fp32" keeps them in fp32 slots (docs/precision.md).
+  // Under bf16: "packed" holds saved bf16 activations in 2 bytes between forward and backward
+  // (same gradients); "fp32" keeps them in fp32 slots; "all" rounds the residual stream's saved
+  // copies to bf16 too (lossy, the least memory) (nn/packed_activations.hpp, docs/precision.md).
   std::string bf16_activations = "packed";
   // [model]
   std::string model_config;               // HF config.json (may carry a "keel" object); default: init_from's

@@ -52,7 +52,7 @@ std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, co
   auto model = std::make_unique<nn::TransformerModel>(spec);
   model->set_precision(c.precision);  // bf16: mixed precision over fp32 master weights
   model->set_recompute(c.recompute);
-  model->set_pack_bf16_activations(c.bf16_activations == "packed");
+  model->set_bf16_activations(*nn::parse_bf16_activations(c.bf16_activations));
   const dist::Communicator* comm = dist::current();
   if (c.precision == kernels::Precision::Bf16 && (comm == nullptr || comm->is_root())) {
     const std::string note = kernels::bf16_emulation_note();
