@@ -74,7 +74,7 @@ def main():
                 break
             widest = hidden
         row = {"recompute": recompute, "precision": args.precision, "measured_seqs": [t0, t1],
-               "bf16_activations": args.bf16_activations if args.precision == "bf16" else None,
+               "bf16_activations": a.get("bf16_activations_stored"),  # what the steps stored
                "peak_rss_mb": [round(a["peak_rss_mb"]), round(b["peak_rss_mb"])],
                "tokens_per_s": [round(a["tokens_per_s"], 1), round(b["tokens_per_s"], 1)],
                "fixed_mb": round(fixed / MIB), "kib_per_token": round(per_token / 1024, 1),

@@ -122,6 +122,35 @@ TEST(Bf16Capture, KeepsResidualTensorsUnroundedAndOnlyWhenAskedTo) {
   EXPECT_EQ(b[0], 2.2f);  // recorded as it is: packing rounds the kept copy, not the forward's value
 }
 
+// A stretch the arena could not give as one run of memory (no reserved address space, a block
+// added mid-forward) is not compacted, but what packing would round is rounded in place, so a
+// step reads the same values whatever the arena's layout; a dropped tensor is left alone.
+TEST(PackedActivations, StretchAcrossArenaBlocksRoundsInPlace) {
+  Arena arena;  // grows block by block
+  arena.alloc(16);
+  const Arena::Mark mark = arena.mark();
+  float* residual = arena.alloc(1 << 17);  // larger than the first block: a second one
+  float* out = arena.alloc(8);
+  ASSERT_FALSE(arena.contiguous_since(mark));
+  const std::vector<float> v = random_values(1 << 17, 7);
+  std::copy(v.begin(), v.end(), residual);
+  std::fill(out, out + 8, 1.0f + 1.0f / 1024);  // not a bf16 value
+  PackedActivations packed;
+  packed.start(2);
+  packed.capture(0)->push_back({residual, 1 << 17});
+  packed.capture(0)->push_back({out, 8});
+  packed.unused(0)->push_back({out, 8});
+  packed.pack(0, arena, mark);
+  std::vector<float> want = v;
+  kernels::round_to_bf16(want.data(), 1 << 17);
+  EXPECT_EQ(0, std::memcmp(residual, want.data(), sizeof(float) * want.size()));
+  EXPECT_NE(v, want);  // the rounding did something
+  EXPECT_EQ(out[0], 1.0f + 1.0f / 1024);
+  EXPECT_EQ(packed.compacted_bytes(), 0u);
+  packed.unpack(0);  // nothing was packed: nothing moves
+  EXPECT_EQ(0, std::memcmp(residual, want.data(), sizeof(float) * want.size()));
+}
+
 using two_steps::expect_same_bits;
 using two_steps::TwoSteps;
 
@@ -215,14 +244,18 @@ TEST_P(PackedAllResidual, ForwardKeepsItsBitsAndGradientsMoveByBf16Rounding) {
   } else {
     EXPECT_EQ(differ, 0u);
   }
-  EXPECT_LT(relative_distance(all.grads, packed.grads), 5e-3);  // measured 1e-4 .. 3e-3
+  EXPECT_LT(relative_distance(all.grads, packed.grads), 1e-2);  // measured 1e-4 .. 2.7e-3 on Zen 5
   // The same bound holds against fp32 slots, the bit-exact storage.
   const TwoSteps slots = run(c.config, Bf16Activations::Fp32, Recompute::None, 2, 8, c.overrides);
-  EXPECT_LT(relative_distance(all.grads, slots.grads), 5e-3);
-  // Under attention recomputation the block inputs stay fp32 and "all" is "packed".
-  const TwoSteps packed_r = run(c.config, Bf16Activations::Packed, Recompute::Attention, 2, 8, c.overrides);
-  const TwoSteps all_r = run(c.config, Bf16Activations::All, Recompute::Attention, 2, 8, c.overrides);
-  two_steps::expect_same_step(packed_r, all_r);
+  EXPECT_LT(relative_distance(all.grads, slots.grads), 1e-2);
+  // Under recomputation the block inputs stay fp32 and "all" is "packed".
+  for (Recompute r : {Recompute::Attention, Recompute::Blocks}) {
+    SCOPED_TRACE(std::string(recompute_name(r)));
+    EXPECT_EQ(effective_bf16_activations(Bf16Activations::All, r), Bf16Activations::Packed);
+    const TwoSteps packed_r = run(c.config, Bf16Activations::Packed, r, 2, 8, c.overrides);
+    const TwoSteps all_r = run(c.config, Bf16Activations::All, r, 2, 8, c.overrides);
+    two_steps::expect_same_step(packed_r, all_r);
+  }
 }
 
 const std::vector<std::string> kThreeLayers = {"num_hidden_layers=3"};
@@ -236,7 +269,10 @@ INSTANTIATE_TEST_SUITE_P(
                     AllCase{"tests/fixtures/gemma2/config.json", kThreeLayers, true},
                     AllCase{"tests/fixtures/llama_layernorm_post/config.json", kThreeLayers, true},
                     AllCase{"tests/fixtures/olmo2/config.json", kThreeLayers, false},
-                    AllCase{"tests/fixtures/mla_no_q_lora/config.json", kThreeLayers, true}));
+                    AllCase{"tests/fixtures/mla_no_q_lora/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/mixtral/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/qwen3_gate/config.json", kThreeLayers, true},
+                    AllCase{"tests/fixtures/qwen3_sinks/config.json", kThreeLayers, true}));
 
 // What "all" saves, counted by hand for qwen3_small at 2 x 128 tokens: each packed block's input
 // copy and its mid-block sum are packed (2 x hidden more fp32 values per token in

@@ -325,6 +325,10 @@ void register_bench(CLI::App& app) {
     if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
       std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
     }
+    if (o->precision == "bf16") {
+      const std::string note = nn::bf16_activations_note(model.bf16_activations(), model.recompute());
+      if (!note.empty()) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
+    }
     model.initialize(1);
     auto& store = model.parameters();
     const bool use_muon = o->optimizer == "muon";
@@ -385,7 +389,12 @@ void register_bench(CLI::App& app) {
       out["stages_ms"] = per_stage;
       out["threads"] = teams;
       out["recompute"] = o->recompute;
-      if (o->precision == "bf16") out["bf16_activations"] = o->bf16_activations;
+      if (o->precision == "bf16") {
+        out["bf16_activations"] = o->bf16_activations;
+        // What the steps stored ("all" is "packed" under recomputation).
+        out["bf16_activations_stored"] = std::string(nn::bf16_activations_name(
+            nn::effective_bf16_activations(model.bf16_activations(), model.recompute())));
+      }
       // bf16 activation storage: the blocks' compacted stretches of the arena at the end of the
       // forward, what their bf16 tensors alone would take in fp32, and the fp32 bytes of the
       // tensors no backward reads, dropped from the stretches (0, 0 and 0 without packing).

@@ -73,6 +73,18 @@ std::string_view bf16_activations_name(Bf16Activations a) {
   return "packed";
 }
 
+Bf16Activations effective_bf16_activations(Bf16Activations a, Recompute r) {
+  return a == Bf16Activations::All && r != Recompute::None ? Bf16Activations::Packed : a;
+}
+
+std::string bf16_activations_note(Bf16Activations a, Recompute r) {
+  if (effective_bf16_activations(a, r) == a) return "";
+  return "bf16_activations = \"" + std::string(bf16_activations_name(a)) + "\" under recompute = \"" +
+         std::string(recompute_name(r)) + "\" stores as \"" +
+         std::string(bf16_activations_name(effective_bf16_activations(a, r))) +
+         "\": the recomputation reads the block inputs, which stay fp32";
+}
+
 void PackedActivations::start(size_t blocks) {
   spans_.assign(blocks, {});
   unused_.assign(blocks, {});
@@ -89,7 +101,18 @@ void PackedActivations::pack(size_t block, Arena& arena, const Arena::Mark& sinc
   spans_[block].clear();
   unused_[block].clear();
   float* end = arena.top();
-  if (!arena.contiguous_since(since)) return;
+  if (!arena.contiguous_since(since)) {
+    // Not one run of memory: nothing moves, but what packing would have rounded is rounded in
+    // place (a no-op for bf16 values; the residual copies of bf16_activations = "all"), so the
+    // backward reads the same values whatever the arena's layout (a first step, a resume).
+    for (const kernels::FloatSpan& sp : spans) {
+      const bool dropped = std::any_of(unused.begin(), unused.end(), [&](const auto& u) {
+        return sp.data < u.data + u.count && u.data < sp.data + sp.count;
+      });
+      if (!dropped) kernels::round_to_bf16(sp.data, sp.count);
+    }
+    return;
+  }
   arena.release(since);
   float* begin = arena.top();
   Stretch st;

@@ -16,11 +16,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "keel/core/arena.hpp"
 #include "keel/kernels/precision.hpp"
+#include "keel/nn/recompute.hpp"
 
 namespace keel::nn {
 
@@ -38,6 +40,11 @@ namespace keel::nn {
 enum class Bf16Activations { Fp32, Packed, All };
 std::optional<Bf16Activations> parse_bf16_activations(std::string_view name);
 std::string_view bf16_activations_name(Bf16Activations a);
+// What a step under `recompute` stores: All is Packed unless nothing is recomputed.
+Bf16Activations effective_bf16_activations(Bf16Activations a, Recompute r);
+// A line for the start of a run where the setting asked for is not what a step stores; empty
+// otherwise.
+std::string bf16_activations_note(Bf16Activations a, Recompute r);
 
 class PackedActivations {
  public:

@@ -57,6 +57,8 @@ std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, co
   if (c.precision == kernels::Precision::Bf16 && (comm == nullptr || comm->is_root())) {
     const std::string note = kernels::bf16_emulation_note();
     if (!note.empty()) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
+    const std::string storage = nn::bf16_activations_note(model->bf16_activations(), c.recompute);
+    if (!storage.empty()) std::fprintf(stderr, "keel: note: %s\n", storage.c_str());
   }
   model->initialize(c.seed);
   // A resumed run's weights come from its checkpoint; the folder it started from may be gone.
