@@ -4,15 +4,12 @@
 
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 
 #include "gemm_test_util.hpp"
 #include "keel/kernels/block_gemm.hpp"
-#include "keel/kernels/precision.hpp"
 
 namespace keel::kernels {
 namespace {
@@ -204,49 +201,6 @@ TEST(GemmKernel, PackedTeamMatchesOneThreadBitForBit) {
   // A B over 32 MiB packed is left to gemm's panels.
   const float x = 0.f;
   EXPECT_FALSE(packed_gemm_team(false, false, 1, int64_t(1) << 15, 1 << 9, 1.f, &x, 1, &x, 1, 0.f, nullptr, 1));
-}
-
-// A linear layer's forward: the bias written into each panel's rows just before its product
-// gives the bits of writing it into all of C first and adding the product (beta = 1), for any
-// team size, the packed and the backend kernels, and bf16 precision; C's stale contents (NaN
-// here) are never read and its row padding is never written.
-TEST(GemmKernel, BiasSeededPanelByPanelMatchesSeedingFirstBitForBit) {
-  const GemmCase cases[] = {
-      {false, true, 2048, 768, 256, 1.f, 1.f},  // GPT-2's c_attn shape, many panels
-      {false, false, 300, 1024, 96, 1.f, 1.f},  // B's stride a multiple of 512: the packed kernel on AVX2
-      {false, true, 5, 7, 3, 1.f, 1.f},        // one panel
-      {false, false, 129, 33, 0, 1.f, 1.f},    // no inner dimension: C is the bias
-  };
-  const int saved = omp_get_max_threads();
-  for (const GemmCase& cs : cases) {
-    for (int64_t pad : {0, 5}) {
-      auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, pad, 41);
-      const std::vector<float> bias = random_vector(size_t(cs.n), 97);
-      for (int64_t i = 0; i < cs.m; ++i)
-        std::fill(c.begin() + i * ldc, c.begin() + i * ldc + cs.n, std::numeric_limits<float>::quiet_NaN());
-      for (Precision p : {Precision::Fp32, Precision::Bf16}) {
-        PrecisionScope precision(p);
-        auto want = c;
-        for (int64_t i = 0; i < cs.m; ++i) std::copy(bias.begin(), bias.end(), want.begin() + i * ldc);
-        gemm_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, 1.f, a.data(), lda, b.data(), ldb, 1.f, want.data(), ldc);
-        for (int threads : {1, std::max(2, saved)}) {
-          omp_set_num_threads(threads);
-          auto got = c;
-          gemm_bias_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, a.data(), lda, b.data(), ldb, bias.data(), got.data(), ldc);
-          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * got.size()))
-              << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " pad=" << pad << " threads=" << threads
-              << " precision=" << precision_name(p);
-        }
-      }
-      // Not vacuous: the product moved C off the bias.
-      if (cs.k > 0) {
-        auto got = c;
-        gemm_bias_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, a.data(), lda, b.data(), ldb, bias.data(), got.data(), ldc);
-        EXPECT_NE(got[0], bias[0]);
-      }
-    }
-  }
-  omp_set_num_threads(saved);
 }
 
 TEST(GemmKernel, ZeroInnerDimensionScalesByBeta) {

@@ -145,54 +145,19 @@ GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
 // a step fast on a loaded machine (docs/performance.md, "Under load"); (3) each panel is a shape
 // the backend handles well on one core (oneDNN 2.6 runs a TN product with M >= 1024 and N = 256
 // at 38 GFLOP/s on one Zen 3 core, and at 80 with M <= 768).
-namespace {
-
-// bias (n) into every row of C (m, n), the team sharing the rows.
-void seed_rows(int64_t m, int64_t n, const float* bias, float* c, int64_t ldc) {
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && m * n > 4096)
-  for (int64_t i = 0; i < m; ++i) std::memcpy(c + i * ldc, bias, sizeof(float) * size_t(n));
-}
-
-void gemm_panels_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias);
-
-}  // namespace
-
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  gemm_panels_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr);
-}
-
-void gemm_bias_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                     const float* b, int64_t ldb, const float* bias, float* c, int64_t ldc) {
-  if (matmul_precision() == Precision::Bf16) {
-    seed_rows(m, n, bias, c, ldc);
-    gemm_bf16(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, 1.f, c, ldc);
-    return;
-  }
-  gemm_panels_run(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, 1.f, c, ldc, bias);
-}
-
-namespace {
-
-// gemm, and with bias (beta = 1) each panel's rows of C seeded with it just before its product.
-void gemm_panels_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
   stage_timer::add_gemm_flops(m, n, k);
   if (m == 0 || n == 0) return;
   // cblas takes int dimensions; a silent wrap would corrupt memory. (Checked for both backends
   // so the limits do not depend on the build.)
   KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
-  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
-  if (bias != nullptr && (k == 0 || (packed && !omp_in_parallel()))) {
-    seed_rows(m, n, bias, c, ldc);  // keel's packed kernel cuts its own blocks: seed C first
-    bias = nullptr;
-  }
   if (k == 0) {
     gemm_scale_c(m, n, beta, c, ldc);  // some BLAS builds return early on k == 0 without applying beta
     return;
   }
+  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
   // keel's kernel: the team packs B once and shares it (block_gemm.cpp); too large a B takes the
   // panels below, each packing its own.
   if (packed && !omp_in_parallel() &&
@@ -206,7 +171,6 @@ void gemm_panels_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     const int64_t mi = std::min(p.rows, m - i0), nj = std::min(p.cols, n - j0);
     const float* ap = trans_a ? a + i0 : a + i0 * lda;  // A stored (k, m) when transposed
     const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
-    if (bias != nullptr) seed_rows(mi, nj, bias + j0, c + i0 * ldc + j0, ldc);
     if (packed) {
       // Packing copies both operands into cache-sized blocks: no stride aliases.
       packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, c + i0 * ldc + j0, ldc);
@@ -277,8 +241,6 @@ void gemm_panels_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
   }
 }
-
-}  // namespace
 
 namespace {
 

@@ -12,14 +12,6 @@ namespace keel::kernels {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// C[m,n] = op(A) * op(B) + bias, bias: (n) added to every row (a linear layer's forward). The
-// same bits as writing bias into every row of C and calling gemm with beta = 1, but each panel
-// writes its rows just before its product reads them back, from cache, instead of a pass over
-// the whole of C first (1.7% of a GPT-2-style d256 step). Under bf16 precision it seeds C first
-// and calls gemm_bf16 (oneDNN's bf16 GEMM is one call, not panels).
-void gemm_bias_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                     const float* b, int64_t ldb, const float* bias, float* c, int64_t ldc);
-
 // How gemm cuts C into panels that the threads share (rows x cols each, the last ones smaller):
 // a function of the shape alone, never of the thread count (gemm.cpp says why).
 struct GemmPanels {
