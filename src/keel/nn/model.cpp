@@ -325,25 +325,28 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   // Runs part of the block in its own stretch of the arena, copies the part's output to a buffer
   // allocated before that stretch, then hands the stretch to `done`: given back (recomputation)
   // or packed as bf16 (packed_activations.hpp).
-  auto keep_output = [&](auto&& part, auto&& done) -> float* {
-    float* kept = arena_.alloc(size);
+  // `kept`: where the output goes; by default a buffer allocated before the stretch.
+  auto keep_output = [&](auto&& part, auto&& done, float* kept = nullptr) -> float* {
+    if (kept == nullptr) kept = arena_.alloc(size);
     const Arena::Mark mark = arena_.mark();
     const float* out = part();
     std::memcpy(kept, out, size * sizeof(float));
     done(mark, out);
     return kept;
   };
-  auto packed = [&](auto&& part) {
+  // residual_too: bf16_activations = "all" (its residual copies recorded for rounding too).
+  auto packed = [&](auto&& part, bool residual_too = false, float* kept = nullptr) {
     return keep_output(
         [&] {
-          kernels::Bf16Capture capture(packed_.capture(l));
+          kernels::Bf16Capture capture(packed_.capture(l), residual_too);
           return part();
         },
         [&](const Arena::Mark& mark, const float* out) {
           // The stretch's copy of the output is read no more: the next block reads `kept`.
           packed_.unused(l)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
           packed_.pack(l, arena_, mark);
-        });
+        },
+        kept);
   };
   auto given_back = [&](const Arena::Mark& mark, const float*) { arena_.release(mark); };
   // packing_ is only set for a training forward. The last block's backward comes first: packing
@@ -355,19 +358,13 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     // buffer its input is not in, outside every stretch; nothing fp32 of the residual stream
     // stays between two packed blocks.
     float* dest = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
-    const Arena::Mark mark = arena_.mark();
-    const float* out = nullptr;
-    {
-      kernels::Bf16Capture capture(packed_.capture(l), /*residual_too=*/true);
+    auto on_a_copy = [&] {
       float* input = arena_.alloc(size);
       parallel_copy(input, x, size);
       kernels::keep_residual_as_bf16(input, static_cast<int64_t>(size));
-      out = block.forward(store_, arena_, input, s, max_logit);
-    }
-    parallel_copy(dest, out, size);
-    packed_.unused(l)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
-    packed_.pack(l, arena_, mark);
-    return dest;
+      return block.forward(store_, arena_, input, s, max_logit);
+    };
+    return packed(on_a_copy, /*residual_too=*/true, dest);
   }
   if (!for_backward || recompute_ == Recompute::None) {
     auto whole = [&] { return block.forward(store_, arena_, x, s, max_logit); };
@@ -423,7 +420,8 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   // The residual buffers of bf16_activations = "all" (forward_block): the embedding output, then
   // the first block's output in a second buffer, the second's over the embeddings, and so on.
   residual_buffers_[0] = residual_buffers_[1] = nullptr;
-  if (packing_ && bf16_activations_ == Bf16Activations::All && recompute_ == Recompute::None && blocks_.size() > 1) {
+  if (packing_ && effective_bf16_activations(bf16_activations_, recompute_) == Bf16Activations::All &&
+      blocks_.size() > 1) {
     residual_buffers_[0] = x;
     residual_buffers_[1] = arena_.alloc(static_cast<size_t>(n * h));
   }
