@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -149,6 +152,66 @@ TEST(PackedActivations, StretchAcrossArenaBlocksRoundsInPlace) {
   EXPECT_EQ(packed.compacted_bytes(), 0u);
   packed.unpack(0);  // nothing was packed: nothing moves
   EXPECT_EQ(0, std::memcmp(residual, want.data(), sizeof(float) * want.size()));
+}
+
+TEST(PackedActivations, LargeOverlappingPiecesMoveInWavesExactly) {
+  // Pieces large enough that the team moves them in waves (move_piece): a bf16 tensor at gap 0
+  // (the stretch's first piece, its compacted place overlapping its own), an fp32 piece shifted
+  // by less than its length, a dropped tensor, a bf16 tensor overlapping its place by a part, and
+  // small odd ones. After packing, everything above the compacted copy is overwritten (later
+  // blocks' stretches); expanding must give back every value: bf16 tensors as rounded, the rest
+  // bit for bit, the dropped one as NaN.
+  Arena arena;
+  ASSERT_TRUE(arena.reserve_address_space(size_t{1} << 30));
+  arena.alloc(16);
+  const Arena::Mark mark = arena.mark();
+  struct Tensor {
+    int64_t count;
+    char kind;  // 'b' bf16, 'f' fp32, 'd' dropped
+    float* at = nullptr;
+  };
+  std::vector<Tensor> tensors = {{1 << 20, 'b'}, {1500000, 'f'}, {200000, 'd'}, {3000000, 'b'},
+                                 {12345, 'b'},   {777, 'f'},     {600000, 'b'}};
+  PackedActivations packed;
+  packed.start(2);
+  std::vector<std::vector<float>> want;
+  uint64_t seed = 11;
+  for (Tensor& t : tensors) {
+    t.at = arena.alloc(static_cast<size_t>(t.count));
+    std::vector<float> v = random_values(t.count, ++seed);
+    if (t.kind == 'b') {
+      kernels::round_to_bf16(v.data(), t.count);
+      packed.capture(0)->push_back({t.at, t.count});
+    }
+    if (t.kind == 'd') packed.unused(0)->push_back({t.at, t.count});
+    std::copy(v.begin(), v.end(), t.at);
+    want.push_back(std::move(v));
+  }
+  float* end = arena.top();
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(4);  // waves split across a team, whatever the machine
+  packed.pack(0, arena, mark);
+  size_t bytes = 0;  // the tensors as stored, and the arena's alignment padding after each as fp32
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    bytes += static_cast<size_t>(t.count) * (t.kind == 'b' ? 2 : t.kind == 'f' ? 4 : 0);
+    bytes += static_cast<size_t>((i + 1 < tensors.size() ? tensors[i + 1].at : end) - (t.at + t.count)) * 4;
+  }
+  EXPECT_EQ(packed.compacted_bytes(), bytes);
+  float* top = arena.top();
+  ASSERT_LT(top, end);
+  std::fill(top, end, -7.0f);  // a later block's stretch
+  packed.unpack(0);
+  omp_set_num_threads(threads);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SCOPED_TRACE("tensor " + std::to_string(i));
+    const Tensor& t = tensors[i];
+    if (t.kind == 'd') {
+      EXPECT_TRUE(std::all_of(t.at, t.at + t.count, [](float x) { return std::isnan(x); }));
+    } else {
+      EXPECT_EQ(0, std::memcmp(t.at, want[i].data(), sizeof(float) * want[i].size()));
+    }
+  }
 }
 
 using two_steps::expect_same_bits;

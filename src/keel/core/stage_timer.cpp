@@ -34,6 +34,7 @@ std::string_view stage_name(Stage s) {
     case Stage::Elementwise: return "elementwise";
     case Stage::Loss: return "loss";
     case Stage::Optimizer: return "optimizer";
+    case Stage::Packing: return "packing";
     case Stage::Other: return "other";
     case Stage::Count: break;
   }

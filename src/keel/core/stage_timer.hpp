@@ -14,7 +14,9 @@
 
 namespace keel::stage_timer {
 
-enum class Stage : int { Gemm, Attention, Norm, Elementwise, Loss, Optimizer, Other, Count };
+// Packing: bf16 activation storage compacting a block's stretch after its forward and expanding it
+// before its backward (nn/packed_activations.hpp).
+enum class Stage : int { Gemm, Attention, Norm, Elementwise, Loss, Optimizer, Packing, Other, Count };
 constexpr int kStages = static_cast<int>(Stage::Count);
 
 std::string_view stage_name(Stage s);

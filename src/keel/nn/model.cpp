@@ -330,7 +330,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     if (kept == nullptr) kept = arena_.alloc(size);
     const Arena::Mark mark = arena_.mark();
     const float* out = part();
-    std::memcpy(kept, out, size * sizeof(float));
+    parallel_copy(kept, out, size);
     done(mark, out);
     return kept;
   };

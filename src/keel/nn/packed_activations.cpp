@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "keel/core/stage_timer.hpp"
+
 namespace keel::nn {
 
 namespace {
@@ -26,16 +28,23 @@ std::vector<kernels::FloatSpan> inside(std::vector<kernels::FloatSpan> spans, co
 }
 
 // One piece between its place in the forward's layout (`from`) and in the compacted one (`to`,
-// never above `from`). Where the two places overlap, one thread moves it in the order that reads
-// every value before overwriting it (pack_bf16, unpack_bf16, memmove); where they do not, which
-// is most of a stretch (the gap grows with every bf16 piece before), the threads split it. A
-// dropped piece (nothing stored) does not move.
+// never above `from`). A dropped piece (nothing stored) does not move.
+//
+// Where the two places overlap (the first pieces of a stretch: the gap grows by half of every
+// bf16 piece before), values still to be read lie where others are to be written, so the piece
+// moves in waves: all of a wave's values are read before any write of the wave can reach them,
+// and the waves run in the order that reads every value before it is overwritten (packing front
+// to back, expanding back to front). Inside a wave the team splits the work. With a gap of G
+// bytes, a wave of bf16 values [c0, c1) may move at once when to + 2·c1 <= from + 4·c0, i.e.
+// c1 <= 2·c0 + G/2: waves double in length, so a piece takes a few of them. fp32 pieces (a
+// plain shift down by G) move in waves of G/4 values. One thread moving such a piece in order is
+// always safe (pack_bf16, unpack_bf16, memmove): a wave too short to split runs that way.
+// Measured before waves (Zen 5, qwen3_large bf16): 70% of a stretch's bytes moved on one thread.
 template <bool Pack, class P>
 void move_piece(char* base, const P& p) {
-  if (p.stored == 0) return;
+  if (p.stored == 0 || p.count == 0) return;
   const size_t elem = p.stored;
   const bool bf16 = elem == sizeof(uint16_t);
-  const bool overlap = p.to + static_cast<size_t>(p.count) * elem > p.from;
   auto run = [&](int64_t i0, int64_t i1) {
     char* wide = base + p.from + static_cast<size_t>(i0) * sizeof(float);
     char* narrow = base + p.to + static_cast<size_t>(i0) * elem;
@@ -46,13 +55,44 @@ void move_piece(char* base, const P& p) {
     if (!bf16 && !Pack) std::memmove(wide, narrow, static_cast<size_t>(m) * sizeof(float));
   };
   constexpr int64_t kSlice = 1 << 16;
-  if (overlap || p.count < 2 * kSlice) {
-    run(0, p.count);
-    return;
-  }
-  const int64_t slices = (p.count + kSlice - 1) / kSlice;
+  auto split = [&](int64_t c0, int64_t c1) {
+    const int64_t slices = (c1 - c0 + kSlice - 1) / kSlice;
 #pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < slices; ++k) run(k * kSlice, std::min(p.count, (k + 1) * kSlice));
+    for (int64_t k = 0; k < slices; ++k) run(c0 + k * kSlice, std::min(c1, c0 + (k + 1) * kSlice));
+  };
+  const int64_t n = p.count;
+  const int64_t gap = static_cast<int64_t>(p.from - p.to);  // bytes
+  if (gap == 0 && !bf16) return;  // an fp32 piece already in place
+  // The longest wave starting at (packing) or ending at (expanding) value c.
+  auto wave_after = [&](int64_t c0) { return bf16 ? 2 * c0 + gap / 2 : c0 + gap / 4; };
+  auto wave_before = [&](int64_t c1) {
+    return std::max<int64_t>(0, bf16 ? (c1 - gap / 2 + 1) / 2 : c1 - gap / 4);
+  };
+  if (Pack) {
+    for (int64_t c = 0; c < n;) {
+      const int64_t end = std::min(n, wave_after(c));
+      if (end - c < 2 * kSlice) {
+        const int64_t stop = std::min(n, std::max(end, c + 2 * kSlice));
+        run(c, stop);
+        c = stop;
+      } else {
+        split(c, end);
+        c = end;
+      }
+    }
+  } else {
+    for (int64_t c = n; c > 0;) {
+      const int64_t start = wave_before(c);
+      if (c - start < 2 * kSlice) {
+        const int64_t stop = std::max<int64_t>(0, std::min(start, c - 2 * kSlice));
+        run(stop, c);
+        c = stop;
+      } else {
+        split(start, c);
+        c = start;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -97,6 +137,7 @@ std::vector<kernels::FloatSpan>* PackedActivations::capture(size_t block) { retu
 std::vector<kernels::FloatSpan>* PackedActivations::unused(size_t block) { return &unused_[block]; }
 
 void PackedActivations::pack(size_t block, Arena& arena, const Arena::Mark& since) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
   std::vector<kernels::FloatSpan> spans = std::move(spans_[block]), unused = std::move(unused_[block]);
   spans_[block].clear();
   unused_[block].clear();
@@ -165,16 +206,20 @@ void PackedActivations::reserve(Arena& arena) const {
 }
 
 void PackedActivations::unpack(size_t block) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
   Stretch& st = stretches_[block];
   // Back to front: each piece moves up (from >= to), never onto a piece not yet moved.
   for (auto p = st.pieces.rbegin(); p != st.pieces.rend(); ++p) move_piece<false>(st.base, *p);
   // Dropped tensors come back as NaN, not as whatever lay there: a tensor declared unused that
   // the backward does read poisons the gradients at once (about 0.3% of a step).
   for (const Piece& p : st.pieces) {
-    if (p.stored == 0) {
-      float* x = reinterpret_cast<float*>(st.base + p.from);
-      std::fill(x, x + p.count, std::numeric_limits<float>::quiet_NaN());
-    }
+    if (p.stored != 0) continue;
+    float* x = reinterpret_cast<float*>(st.base + p.from);
+    constexpr int64_t kSlice = 1 << 16;
+    const int64_t slices = (p.count + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static) if (slices > 1)
+    for (int64_t k = 0; k < slices; ++k)
+      std::fill(x + k * kSlice, x + std::min(p.count, (k + 1) * kSlice), std::numeric_limits<float>::quiet_NaN());
   }
   st = Stretch{};
 }
