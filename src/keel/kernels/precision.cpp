@@ -71,6 +71,12 @@ Bf16Capture::~Bf16Capture() {
 }
 
 void pack_bf16(const float* src, uint16_t* dst, int64_t n) {
+  if (reinterpret_cast<const char*>(dst + n) <= reinterpret_cast<const char*>(src) ||
+      reinterpret_cast<const char*>(src + n) <= reinterpret_cast<const char*>(dst)) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);  // apart: no buffer needed
+    return;
+  }
   uint16_t buf[kChunk];
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t m = std::min(kChunk, n - c0);
@@ -82,6 +88,12 @@ void pack_bf16(const float* src, uint16_t* dst, int64_t n) {
 }
 
 void unpack_bf16(const uint16_t* src, float* dst, int64_t n) {
+  if (reinterpret_cast<const char*>(dst + n) <= reinterpret_cast<const char*>(src) ||
+      reinterpret_cast<const char*>(src + n) <= reinterpret_cast<const char*>(dst)) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+    return;
+  }
   uint16_t buf[kChunk];
   for (int64_t end = n; end > 0; end -= kChunk) {
     const int64_t c0 = std::max<int64_t>(0, end - kChunk), m = end - c0;
