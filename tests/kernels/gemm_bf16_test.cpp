@@ -4,10 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "gemm_test_util.hpp"
 #include "keel/core/bf16.hpp"
+#include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/gemm.hpp"
 #include "keel/kernels/precision.hpp"
 
@@ -70,6 +75,42 @@ TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
       EXPECT_EQ(native[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);  // padding untouched
       EXPECT_EQ(portable[size_t(i * ldc + cs.n)], c0[size_t(i * ldc + cs.n)]);
     }
+  }
+}
+
+TEST(GemmBf16, PortableRoundsAsItPacksBitForBitWithThePackedKernelOnRoundedOperands) {
+  // The portable path rounds each block of A and B as keel's packed kernel packs it; on rounded
+  // copies of the operands the packed fp32 gemm must give the same bits, whether the team packs
+  // B once or (B above 32 MiB) each panel packs its own. Builds without the microkernel round
+  // into buffers and are checked by the test above.
+  if (std::string(block_gemm_isa()) == "gemm") {
+    RecordProperty("microkernel", "none: portable path rounds into buffers");
+    return;
+  }
+  PathGuard guard;
+  struct KernelGuard {
+    ~KernelGuard() { set_gemm_kernel(GemmKernel::Auto); }
+  } kernel_guard;
+  std::vector<GemmCase> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({false, false, 8, 131100, 64, 1.f, 0.f});  // packed B of 33.6 MiB: panels
+  cases.push_back({true, true, 300, 200, 700, 0.5f, 1.f});
+  for (const GemmCase& cs : cases) {
+    SCOPED_TRACE("ta=" + std::to_string(cs.ta) + " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) +
+                 " n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k));
+    auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 5, 13);
+    // Exact ties between two bf16 values, which round to the even one (down, then up).
+    for (size_t i = 0; i < a.size(); i += 7) a[i] = (i % 2 ? 1.0f : -1.0f) * (1.0f + (i % 3 ? 1.0f : 3.0f) / 256);
+    for (size_t i = 0; i < b.size(); i += 5) b[i] = 0.5f + (i % 3 ? 1.0f : 3.0f) / 512;
+    auto portable = c0, packed = c0;
+    force_portable_bf16_gemm(true);
+    gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, portable.data(), ldc);
+    force_portable_bf16_gemm(false);
+    set_gemm_kernel(GemmKernel::Packed);
+    const auto ar = rounded(a), br = rounded(b);
+    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, packed.data(), ldc);
+    set_gemm_kernel(GemmKernel::Auto);
+    ASSERT_EQ(0, std::memcmp(portable.data(), packed.data(), portable.size() * sizeof(float)));
+    EXPECT_NE(a, ar);  // rounding did something to the operands
   }
 }
 

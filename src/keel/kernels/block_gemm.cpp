@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/bf16.hpp"
+#include "keel/core/error.hpp"
 #include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/gemm.hpp"
 
@@ -183,44 +185,78 @@ constexpr int64_t kChunk = int64_t(kTileVecs) * kLanes;
 // at least this many items where the shape allows.
 constexpr int64_t kPackedTeamMaxB = int64_t(8) << 20, kPackedTeamMinItems = 8;
 
+// Packed operands rounded to bf16 (round_bf16): the portable bf16 gemm (gemm.cpp) rounds each
+// block as it is packed, while it is in cache, instead of copying both operands to rounded
+// buffers first. B's chunks are rounded after packing (once per call when the team packs B), A
+// in the registers that pack it (pack_a_as), before alpha, as alpha·bf16(A)·bf16(B) has it.
+void round_packed(float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+}
+
+// Columns [j0 .. j0+cols) of op(B)[p0 .. p0+kc), cols <= kChunk -> kc rows of kChunk floats
+// (columns past cols zero).
+void pack_b_chunk(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t cols,
+                  float* dst) {
+  if (trans_b) {
+    // B stored (n, k): the chunk's rows of storage become its columns.
+    transpose_block(b + j0 * ldb + p0, cols, kc, ldb, dst, kChunk);
+    if (cols < kChunk)
+      for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * kChunk + cols, dst + (p + 1) * kChunk, 0.f);
+    return;
+  }
+  const float* src = b + p0 * ldb + j0;
+  if (cols == kChunk) {
+    for (int64_t p = 0; p < kc; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < kTileVecs; ++v) vstore(dst + p * kChunk + v * kLanes, vload(src + p * ldb + v * kLanes));
+  } else {
+    for (int64_t p = 0; p < kc; ++p) {
+      std::copy(src + p * ldb, src + p * ldb + cols, dst + p * kChunk);
+      std::fill(dst + p * kChunk + cols, dst + (p + 1) * kChunk, 0.f);
+    }
+  }
+}
+
 // op(B)[p0 .. p0+kc) × [j0 .. j0+nc) -> chunks of kChunk columns, each kc rows of kChunk floats
 // (columns past nc zero).
 void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-            float* out) {
+            float* out, bool round_bf16) {
   for (int64_t jb = 0; jb < nc; jb += kChunk) {
-    const int64_t cols = std::min(kChunk, nc - jb);
     float* dst = out + (jb / kChunk) * kc * kChunk;
-    if (trans_b) {
-      // B stored (n, k): the chunk's rows of storage become its columns.
-      transpose_block(b + (j0 + jb) * ldb + p0, cols, kc, ldb, dst, kChunk);
-      if (cols < kChunk)
-        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * kChunk + cols, dst + (p + 1) * kChunk, 0.f);
-      continue;
-    }
-    const float* src = b + p0 * ldb + j0 + jb;
-    if (cols == kChunk) {
-      for (int64_t p = 0; p < kc; ++p)
-#pragma GCC unroll 4
-        for (int v = 0; v < kTileVecs; ++v) vstore(dst + p * kChunk + v * kLanes, vload(src + p * ldb + v * kLanes));
-    } else {
-      for (int64_t p = 0; p < kc; ++p) {
-        std::copy(src + p * ldb, src + p * ldb + cols, dst + p * kChunk);
-        std::fill(dst + p * kChunk + cols, dst + (p + 1) * kChunk, 0.f);
-      }
-    }
+    pack_b_chunk(trans_b, b, ldb, p0, kc, j0 + jb, std::min(kChunk, nc - jb), dst);
+    if (round_bf16) round_packed(dst, kc * kChunk);
   }
 }
 
 // The slack packed A needs past its last row tile: pack_a's 8-float stores overrun a 6-float step.
 constexpr int64_t kPackASlack = 8;
 
+// Eight floats rounded to bf16 in registers, float_to_bf16's rule (nearest, ties to even; a NaN
+// stays a NaN with its quiet bit set), the values widened back to fp32.
+[[gnu::always_inline]] inline __m256 round_to_bf16_8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x), high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(lowest_kept, _mm256_set1_epi32(0x7fff))), high);
+  const __m256i quiet = _mm256_and_si256(_mm256_or_si256(bits, _mm256_set1_epi32(0x00400000)), high);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
 // alpha·op(A)[i0 .. i0+mc) × [p0 .. p0+kc) -> row tiles of kTileRows, each kc steps of kTileRows
 // floats (rows past mc zero): the transposed-A form the tiles read with lda = kTileRows. Whole
 // tiles move 8 floats a store, each store's last two floats overwritten by the next step's.
-void pack_a(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
-            float alpha, float* out) {
+// Round: alpha·bf16(A), rounded in the registers that move it.
+template <bool Round>
+void pack_a_as(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
+               float alpha, float* out) {
   static_assert(kTileRows == 6, "pack_a's 8-float stores assume 6-row tiles");
   const __m256 scale = _mm256_set1_ps(alpha);
+  auto load8 = [&](const float* p) {
+    const __m256 x = _mm256_loadu_ps(p);
+    return _mm256_mul_ps(scale, Round ? round_to_bf16_8(x) : x);
+  };
+  auto value = [&](float x) { return alpha * (Round ? bf16_to_float(float_to_bf16(x)) : x); };
   for (int64_t ib = 0; ib < mc; ib += kTileRows) {
     const int64_t rows = std::min<int64_t>(kTileRows, mc - ib);
     float* dst = out + (ib / kTileRows) * kc * kTileRows;
@@ -228,11 +264,10 @@ void pack_a(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, in
       // A stored (k, m): each step's 6 rows are contiguous; 8 may be read where A has them.
       const float* src = a + p0 * lda + i0 + ib;
       if (rows == kTileRows && i0 + ib + 8 <= m) {
-        for (int64_t p = 0; p < kc; ++p)
-          _mm256_storeu_ps(dst + p * kTileRows, _mm256_mul_ps(scale, _mm256_loadu_ps(src + p * lda)));
+        for (int64_t p = 0; p < kc; ++p) _mm256_storeu_ps(dst + p * kTileRows, load8(src + p * lda));
       } else {
         for (int64_t p = 0; p < kc; ++p)
-          for (int64_t r = 0; r < kTileRows; ++r) dst[p * kTileRows + r] = r < rows ? alpha * src[p * lda + r] : 0.f;
+          for (int64_t r = 0; r < kTileRows; ++r) dst[p * kTileRows + r] = r < rows ? value(src[p * lda + r]) : 0.f;
       }
       continue;
     }
@@ -242,15 +277,21 @@ void pack_a(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, in
     if (rows == kTileRows) {
       for (; p + 8 <= kc; p += 8) {
         __m256 r[8];
-        for (int i = 0; i < kTileRows; ++i) r[i] = _mm256_mul_ps(scale, _mm256_loadu_ps(src + i * lda + p));
+        for (int i = 0; i < kTileRows; ++i) r[i] = load8(src + i * lda + p);
         r[6] = r[7] = _mm256_setzero_ps();
         transpose_8x8_registers(r);
         for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * kTileRows, r[q]);
       }
     }
     for (; p < kc; ++p)
-      for (int64_t r = 0; r < kTileRows; ++r) dst[p * kTileRows + r] = r < rows ? alpha * src[r * lda + p] : 0.f;
+      for (int64_t r = 0; r < kTileRows; ++r) dst[p * kTileRows + r] = r < rows ? value(src[r * lda + p]) : 0.f;
   }
+}
+
+void pack_a(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
+            float alpha, float* out, bool round_bf16) {
+  if (round_bf16) pack_a_as<true>(trans_a, a, lda, m, i0, mc, p0, kc, alpha, out);
+  else pack_a_as<false>(trans_a, a, lda, m, i0, mc, p0, kc, alpha, out);
 }
 
 // Every tile of an mc × ncols block of C, from packed A (mc rows, kc steps) and the packed B
@@ -278,7 +319,7 @@ float* packed_a_buffer() {
 }  // namespace
 
 void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || (beta != 0.f && beta != 1.f)) gemm_scale_c(m, n, beta, c, ldc);
   if (k <= 0) return;
@@ -289,10 +330,10 @@ void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
     const int64_t nc = std::min(kPackCols, n - j0);
     for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
       const int64_t kc = std::min(kPackK, k - p0);
-      pack_b(trans_b, b, ldb, p0, kc, j0, nc, bp);
+      pack_b(trans_b, b, ldb, p0, kc, j0, nc, bp, round_bf16);
       for (int64_t i0 = 0; i0 < m; i0 += kPackRows) {
         const int64_t mc = std::min(kPackRows, m - i0);
-        pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap);
+        pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap, round_bf16);
         multiply_packed(ap, mc, kc, bp, nc, c + i0 * ldc + j0, ldc, p0 > 0 || beta != 0.f);
       }
     }
@@ -300,7 +341,7 @@ void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
 }
 
 bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
   const int64_t n_padded = (n + kChunk - 1) / kChunk * kChunk;
   if (m <= 0 || n <= 0 || k <= 0 || k * n_padded > kPackedTeamMaxB) return false;
   // All of op(B), packed once by the team into the calling thread's buffer: for each block of
@@ -320,7 +361,8 @@ bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     for (int64_t t = 0; t < k_blocks * chunks; ++t) {
       const int64_t p0 = (t / chunks) * kPackK, j0 = (t % chunks) * kChunk;
       const int64_t kc = std::min(kPackK, k - p0);
-      pack_b(trans_b, b, ldb, p0, kc, j0, std::min(kChunk, n - j0), bp + p0 * n_padded + (j0 / kChunk) * kc * kChunk);
+      pack_b(trans_b, b, ldb, p0, kc, j0, std::min(kChunk, n - j0), bp + p0 * n_padded + (j0 / kChunk) * kc * kChunk,
+             round_bf16);
     }  // the for's barrier: B is whole before any item reads it
     float* ap = packed_a_buffer();
 #pragma omp for schedule(dynamic, 1)
@@ -331,7 +373,7 @@ bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
       if (beta != 0.f && beta != 1.f) gemm_scale_c(mc, ncols, beta, citem, ldc);
       for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
         const int64_t kc = std::min(kPackK, k - p0);
-        pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap);
+        pack_a(trans_a, a, lda, m, i0, mc, p0, kc, alpha, ap, round_bf16);
         multiply_packed(ap, mc, kc, bp + p0 * n_padded + (j0 / kChunk) * kc * kChunk, ncols, citem, ldc,
                         p0 > 0 || beta != 0.f);
       }
@@ -356,12 +398,13 @@ void block_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a, i
 }
 
 void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
+  KEEL_CHECK(!round_bf16);  // gemm_bf16 rounds into buffers where the build has no microkernel
   gemm_reference(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 bool packed_gemm_team(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
-                      float*, int64_t) {
+                      float*, int64_t, bool) {
   return false;
 }
 

@@ -145,8 +145,12 @@ GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
 // a step fast on a loaded machine (docs/performance.md, "Under load"); (3) each panel is a shape
 // the backend handles well on one core (oneDNN 2.6 runs a TN product with M >= 1024 and N = 256
 // at 38 GFLOP/s on one Zen 3 core, and at 80 with M <= 768).
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace {
+
+// gemm, or with round_bf16 gemm_bf16's portable path: keel's packed kernel on every panel, its
+// operands rounded to bf16 as they are packed.
+void gemm_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
   stage_timer::add_gemm_flops(m, n, k);
   if (m == 0 || n == 0) return;
@@ -157,11 +161,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     gemm_scale_c(m, n, beta, c, ldc);  // some BLAS builds return early on k == 0 without applying beta
     return;
   }
-  const bool packed = gemm_uses_packed_kernel(trans_a, trans_b, ldb);
+  const bool packed = round_bf16 || gemm_uses_packed_kernel(trans_a, trans_b, ldb);
   // keel's kernel: the team packs B once and shares it (block_gemm.cpp); too large a B takes the
   // panels below, each packing its own.
   if (packed && !omp_in_parallel() &&
-      packed_gemm_team(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+      packed_gemm_team(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16))
     return;
   const GemmPanels p = gemm_panels(m, n, k);
   const int64_t row_panels = (m + p.rows - 1) / p.rows, col_panels = (n + p.cols - 1) / p.cols;
@@ -173,7 +177,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
     if (packed) {
       // Packing copies both operands into cache-sized blocks: no stride aliases.
-      packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, c + i0 * ldc + j0, ldc);
+      packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, c + i0 * ldc + j0, ldc, round_bf16);
       return;
     }
     int64_t ap_ld = lda;
@@ -240,6 +244,13 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 #pragma omp for schedule(dynamic, 1)
     for (int64_t panel = 0; panel < panels; ++panel) run_panel(panel);
   }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false);
 }
 
 namespace {
@@ -351,6 +362,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     return;
   }
 #endif
+  if (std::strcmp(block_gemm_isa(), "gemm") != 0) {
+    // Rounded as packed, block by block in cache: no rounded copies of the whole operands
+    // (docs/precision.md, "Without AVX512-BF16").
+    gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
+    return;
+  }
   thread_local std::vector<float> a_buf, b_buf;
   float* ar = kept_buffer(a_buf, size_t(a_rows * a_cols));
   float* br = kept_buffer(b_buf, size_t(b_rows * b_cols));
