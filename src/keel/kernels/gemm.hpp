@@ -57,7 +57,9 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 // portable path below differ only in summation order.
 //   native:   oneDNN's bf16 gemm (dnnl_gemm_bf16bf16f32), AVX512-BF16 vdpbf16ps on CPUs that
 //             have it (Intel Cooper Lake+, AMD Zen 4+);
-//   portable: operands rounded into fp32 buffers, then the fp32 gemm above. Any CPU.
+//   portable: any CPU. keel's packed kernel (block_gemm.hpp) with each block of the operands
+//             rounded as it is packed; where the build has no microkernel, operands rounded into
+//             fp32 buffers, then the fp32 gemm above.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
@@ -79,8 +81,8 @@ Bf16GemmPath bf16_gemm_path();
 void force_portable_bf16_gemm(bool portable);
 
 // What a bf16 run should be told when the CPU cannot compute in bf16 (empty where it can): the
-// portable path gives bf16's numerics at fp32's speed or a little below, and more memory
-// (measured on an AVX2 Zen 3: 0.94-0.99x fp32 tokens/s, +9% peak RSS; docs/precision.md).
+// portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
+// a Zen 5 running AVX2 code: 0.93-0.98x fp32 tokens/s, 11-15% less peak RSS; docs/precision.md).
 std::string bf16_emulation_note();
 
 }  // namespace keel::kernels
