@@ -114,6 +114,31 @@ TEST(GemmBf16, PortableRoundsAsItPacksBitForBitWithThePackedKernelOnRoundedOpera
   }
 }
 
+TEST(GemmBf16, WordsOfBGiveTheBitsOfGemmBf16OnBothPaths) {
+  // The loss rounds the LM head's weight to bf16 words once and hands them to every chunk's
+  // products: the same bits as gemm_bf16 rounding the fp32 weight itself, natively or not.
+  PathGuard guard;
+  for (bool portable : {false, true}) {
+    force_portable_bf16_gemm(portable);
+    for (const GemmCase& cs : kCases) {
+      SCOPED_TRACE(std::string(portable ? "portable" : "default path") + " ta=" + std::to_string(cs.ta) +
+                   " tb=" + std::to_string(cs.tb) + " k=" + std::to_string(cs.k));
+      const auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 3, 29);
+      const int64_t b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
+      std::vector<uint16_t> words(size_t(b_rows * b_cols));
+      bf16_words(b.data(), b_rows, b_cols, ldb, words.data());
+      for (int64_t r = 0; r < b_rows; ++r)
+        for (int64_t j = 0; j < b_cols; ++j)
+          ASSERT_EQ(words[size_t(r * b_cols + j)], float_to_bf16(b[size_t(r * ldb + j)]));
+      auto direct = c0, via_words = c0;
+      gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, direct.data(), ldc);
+      gemm_bf16_words_b(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, words.data(), b_cols, cs.beta,
+                        via_words.data(), ldc);
+      ASSERT_EQ(0, std::memcmp(direct.data(), via_words.data(), direct.size() * sizeof(float)));
+    }
+  }
+}
+
 TEST(GemmBf16, MixedFollowsTheThreadPrecision) {
   const int64_t m = 13, n = 29, k = 37;
   const auto a = random_vector(size_t(m * k), 21), b = random_vector(size_t(k * n), 22);

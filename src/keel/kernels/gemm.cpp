@@ -377,6 +377,40 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   gemm(trans_a, trans_b, m, n, k, alpha, ar, a_cols, br, b_cols, beta, c, ldc);
 }
 
+void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
+  round_operand(x, rows, cols, ld, out);
+}
+
+void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                       int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c, int64_t ldc) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (m == 0 || n == 0 || k == 0) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, nullptr, ldb, beta, c, ldc);  // no product: only beta
+    return;
+  }
+#if KEEL_GEMM_DNNL
+  if (bf16_gemm_path() == Bf16GemmPath::Native) {
+    stage_timer::add_gemm_flops(m, n, k);
+    thread_local std::vector<uint16_t> a_buf;
+    uint16_t* a16 = kept_buffer(a_buf, size_t(a_rows * a_cols));
+    round_operand(a, a_rows, a_cols, lda, a16);
+    KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
+    const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16,
+                                                   a_cols, b16, ldb, beta, c, ldc);
+    KEEL_CHECK(st == dnnl_success);
+    return;
+  }
+#endif
+  // Portable: B widened back to the fp32 values it holds (rounding them again changes nothing).
+  thread_local std::vector<float> b_wide;
+  float* bw = kept_buffer(b_wide, size_t(b_rows * b_cols));
+#pragma omp parallel for schedule(static) if (b_rows * b_cols > 16384)
+  for (int64_t r = 0; r < b_rows; ++r) unpack_bf16(b16 + r * ldb, bw + r * b_cols, b_cols);
+  gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, bw, b_cols, beta, c, ldc);
+}
+
 void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (matmul_precision() == Precision::Bf16)

@@ -63,6 +63,16 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// gemm_bf16 with op(B) given as bf16 words, rounded once by the caller for several products (the
+// LM head's weight, which every chunk of the loss reads twice): b16 is B's stored matrix after
+// bf16_words, row stride ldb. Bit-identical to gemm_bf16 on the fp32 B it was made from, on
+// either path (the portable one widens it again).
+void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                       int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c, int64_t ldc);
+// x: (rows, cols) at row stride ld -> out: (rows, cols) contiguous bf16 words, rounded to
+// nearest even; on the OpenMP team.
+void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out);
+
 // gemm when the calling thread's matmul precision (kernels/precision.hpp) is fp32, gemm_bf16
 // when it is bf16. The model's matmuls all go through here.
 void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
