@@ -262,6 +262,10 @@ bool env_forces_portable() {
 
 std::atomic<bool> force_portable{env_forces_portable()};
 
+// The native path's operands as bf16 words, kept from call to call (gemm_bf16 and
+// gemm_bf16_words_b share A's).
+thread_local std::vector<uint16_t> native_a_words, native_b_words;
+
 // The stored matrix x: (rows, cols), row stride ld -> out: (rows, cols) contiguous, each value
 // rounded to bf16; Out is uint16_t (bf16 bits) or float (the same value widened).
 template <typename Out>
@@ -351,9 +355,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
     stage_timer::add_gemm_flops(m, n, k);
-    thread_local std::vector<uint16_t> a_buf, b_buf;
-    uint16_t* a16 = kept_buffer(a_buf, size_t(a_rows * a_cols));
-    uint16_t* b16 = kept_buffer(b_buf, size_t(b_rows * b_cols));
+    uint16_t* a16 = kept_buffer(native_a_words, size_t(a_rows * a_cols));
+    uint16_t* b16 = kept_buffer(native_b_words, size_t(b_rows * b_cols));
     round_operand(a, a_rows, a_cols, lda, a16);
     round_operand(b, b_rows, b_cols, ldb, b16);
     KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldc <= INT_MAX);
@@ -393,8 +396,7 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
     stage_timer::add_gemm_flops(m, n, k);
-    thread_local std::vector<uint16_t> a_buf;
-    uint16_t* a16 = kept_buffer(a_buf, size_t(a_rows * a_cols));
+    uint16_t* a16 = kept_buffer(native_a_words, size_t(a_rows * a_cols));
     round_operand(a, a_rows, a_cols, lda, a16);
     KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
     const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16,
