@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -111,6 +112,39 @@ TEST(GemmBf16, PortableRoundsAsItPacksBitForBitWithThePackedKernelOnRoundedOpera
     set_gemm_kernel(GemmKernel::Auto);
     ASSERT_EQ(0, std::memcmp(portable.data(), packed.data(), portable.size() * sizeof(float)));
     EXPECT_NE(a, ar);  // rounding did something to the operands
+  }
+}
+
+TEST(GemmBf16, PortableRoundsSpecialValuesAsFloatToBf16Does) {
+  // The packed kernel rounds A in registers (8 values at a time) and at the edges one by one: NaNs
+  // keep their sign and top payload with the quiet bit set, infinities stay, the largest finite
+  // values round to infinity, exact ties go to the even neighbour. Each row of A holds one such
+  // value among zeros and B is all ones, so C's row is bf16(value) exactly (x + 0 = x, NaN
+  // payloads pass through); 13 rows give whole tiles and a partial one, k = 8 the in-register path.
+  if (std::string(block_gemm_isa()) == "gemm") {
+    RecordProperty("microkernel", "none: portable path rounds into buffers");
+    return;
+  }
+  PathGuard guard;
+  force_portable_bf16_gemm(true);
+  const uint32_t special[] = {0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu,
+                              0x3f808000u, 0x3f818000u, 0xbf808000u, 0x40490fdbu, 0x3f7fffffu, 0x00800000u,
+                              0x7fbfffffu};
+  const int64_t m = 13, k = 8, n = 5;
+  for (bool ta : {false, true}) {
+    std::vector<float> a(size_t(m * k), 0.f), b(size_t(k * n), 1.f), c(size_t(m * n), 0.f);
+    for (int64_t i = 0; i < m; ++i) {
+      const float v = std::bit_cast<float>(special[i]);
+      const int64_t p = i % k;
+      (ta ? a[size_t(p * m + i)] : a[size_t(i * k + p)]) = v;
+    }
+    gemm_bf16(ta, false, m, n, k, 1.f, a.data(), ta ? m : k, b.data(), n, 0.f, c.data(), n);
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t want = uint32_t(float_to_bf16(std::bit_cast<float>(special[i]))) << 16;
+      for (int64_t j = 0; j < n; ++j)
+        EXPECT_EQ(std::bit_cast<uint32_t>(c[size_t(i * n + j)]), want)
+            << "ta=" << ta << " row " << i << " value 0x" << std::hex << special[i];
+    }
   }
 }
 

@@ -154,6 +154,45 @@ TEST(PackedActivations, StretchAcrossArenaBlocksRoundsInPlace) {
   EXPECT_EQ(0, std::memcmp(residual, want.data(), sizeof(float) * want.size()));
 }
 
+TEST(PackedActivations, WavesCoverEachPieceOnceAndNeverWriteWhereTheirOwnValuesAreRead) {
+  // The schedule move_piece runs, checked against its invariant for every kind of piece: waves
+  // tile [0, count) in the order of the move (up when packing, down when expanding), and in a
+  // wave the team splits, no value is written where a value of the same wave is still to be read:
+  // with values at `from + 4·i` (fp32 place) and `to + elem·i` (compacted), gap = from - to, the
+  // wave [b, e) needs elem·e <= gap + 4·b in both directions. An off-by-one in either bound fails.
+  constexpr int64_t s = detail::kWaveSlice;
+  for (bool pack : {true, false}) {
+    for (size_t elem : {size_t{2}, size_t{4}}) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, 2 * s - 1, 2 * s, 2 * s + 1, 5 * s + 3,
+                            int64_t{1} << 20, int64_t{3000001}}) {
+        for (int64_t gap : {int64_t{0}, int64_t{2}, int64_t{6}, 4 * s + 2, 8 * s, 3 * s * 4 + 2, int64_t{2097152},
+                            int64_t{10485762}, int64_t{1} << 26}) {
+          if (elem == 4 && gap == 0) continue;  // an fp32 piece in place does not move
+          SCOPED_TRACE(std::string(pack ? "pack" : "expand") + " elem " + std::to_string(elem) + " count " +
+                       std::to_string(count) + " gap " + std::to_string(gap));
+          const std::vector<detail::Wave> waves = detail::piece_waves(pack, count, gap, elem);
+          int64_t at = pack ? 0 : count;
+          for (const detail::Wave& w : waves) {
+            ASSERT_LT(w.begin, w.end);
+            ASSERT_EQ(pack ? w.begin : w.end, at);
+            at = pack ? w.end : w.begin;
+            if (w.split) {
+              ASSERT_LE(static_cast<int64_t>(elem) * w.end, gap + 4 * w.begin);
+            }
+          }
+          ASSERT_EQ(at, pack ? count : 0);
+          EXPECT_LE(static_cast<int64_t>(waves.size()), count / (2 * s) + 64);
+        }
+      }
+    }
+  }
+  // An overlapping bf16 piece is split but for its first two slices: a 12 MB piece at gap 0 (the
+  // first of a stretch) then moves in waves that double in length.
+  int64_t split = 0;
+  for (const detail::Wave& w : detail::piece_waves(true, 3000000, 0, 2)) split += w.split ? w.end - w.begin : 0;
+  EXPECT_EQ(split, 3000000 - 2 * s);
+}
+
 TEST(PackedActivations, LargeOverlappingPiecesMoveInWavesExactly) {
   // Pieces large enough that the team moves them in waves (move_piece): a bf16 tensor at gap 0
   // (the stretch's first piece, its compacted place overlapping its own), an fp32 piece shifted
@@ -188,8 +227,11 @@ TEST(PackedActivations, LargeOverlappingPiecesMoveInWavesExactly) {
     want.push_back(std::move(v));
   }
   float* end = arena.top();
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(4);  // waves split across a team, whatever the machine
+  struct TeamOfFour {  // waves split across a team, whatever the machine
+    int before = omp_get_max_threads();
+    TeamOfFour() { omp_set_num_threads(4); }
+    ~TeamOfFour() { omp_set_num_threads(before); }
+  } team;
   packed.pack(0, arena, mark);
   size_t bytes = 0;  // the tensors as stored, and the arena's alignment padding after each as fp32
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -202,7 +244,6 @@ TEST(PackedActivations, LargeOverlappingPiecesMoveInWavesExactly) {
   ASSERT_LT(top, end);
   std::fill(top, end, -7.0f);  // a later block's stretch
   packed.unpack(0);
-  omp_set_num_threads(threads);
   for (size_t i = 0; i < tensors.size(); ++i) {
     SCOPED_TRACE("tensor " + std::to_string(i));
     const Tensor& t = tensors[i];

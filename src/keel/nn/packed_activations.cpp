@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "keel/core/error.hpp"
 #include "keel/core/stage_timer.hpp"
 
 namespace keel::nn {
@@ -28,21 +29,11 @@ std::vector<kernels::FloatSpan> inside(std::vector<kernels::FloatSpan> spans, co
 }
 
 // One piece between its place in the forward's layout (`from`) and in the compacted one (`to`,
-// never above `from`). A dropped piece (nothing stored) does not move.
-//
-// Where the two places overlap (the first pieces of a stretch: the gap grows by half of every
-// bf16 piece before), values still to be read lie where others are to be written, so the piece
-// moves in waves: all of a wave's values are read before any write of the wave can reach them,
-// and the waves run in the order that reads every value before it is overwritten (packing front
-// to back, expanding back to front). Inside a wave the team splits the work. With a gap of G
-// bytes, a wave of bf16 values [c0, c1) may move at once when to + 2·c1 <= from + 4·c0, i.e.
-// c1 <= 2·c0 + G/2: waves double in length, so a piece takes a few of them. fp32 pieces (a
-// plain shift down by G) move in waves of G/4 values. One thread moving such a piece in order is
-// always safe (pack_bf16, unpack_bf16, memmove): a wave too short to split runs that way.
-// Measured before waves (Zen 5, qwen3_large bf16): 70% of a stretch's bytes moved on one thread.
+// never above `from`), in the waves of piece_waves. A dropped piece (nothing stored) does not move.
 template <bool Pack, class P>
 void move_piece(char* base, const P& p) {
   if (p.stored == 0 || p.count == 0) return;
+  KEEL_CHECK(p.to <= p.from);
   const size_t elem = p.stored;
   const bool bf16 = elem == sizeof(uint16_t);
   auto run = [&](int64_t i0, int64_t i1) {
@@ -54,48 +45,70 @@ void move_piece(char* base, const P& p) {
     if (!bf16 && Pack) std::memmove(narrow, wide, static_cast<size_t>(m) * sizeof(float));
     if (!bf16 && !Pack) std::memmove(wide, narrow, static_cast<size_t>(m) * sizeof(float));
   };
-  constexpr int64_t kSlice = 1 << 16;
-  auto split = [&](int64_t c0, int64_t c1) {
-    const int64_t slices = (c1 - c0 + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < slices; ++k) run(c0 + k * kSlice, std::min(c1, c0 + (k + 1) * kSlice));
-  };
-  const int64_t n = p.count;
-  const int64_t gap = static_cast<int64_t>(p.from - p.to);  // bytes
+  const int64_t gap = static_cast<int64_t>(p.from - p.to);
   if (gap == 0 && !bf16) return;  // an fp32 piece already in place
-  // The longest wave starting at (packing) or ending at (expanding) value c.
-  auto wave_after = [&](int64_t c0) { return bf16 ? 2 * c0 + gap / 2 : c0 + gap / 4; };
-  auto wave_before = [&](int64_t c1) {
-    return std::max<int64_t>(0, bf16 ? (c1 - gap / 2 + 1) / 2 : c1 - gap / 4);
-  };
-  if (Pack) {
-    for (int64_t c = 0; c < n;) {
-      const int64_t end = std::min(n, wave_after(c));
-      if (end - c < 2 * kSlice) {
-        const int64_t stop = std::min(n, std::max(end, c + 2 * kSlice));
-        run(c, stop);
-        c = stop;
-      } else {
-        split(c, end);
-        c = end;
-      }
+  constexpr int64_t kSlice = detail::kWaveSlice;
+  for (const detail::Wave& w : detail::piece_waves(Pack, p.count, gap, elem)) {
+    if (!w.split) {
+      run(w.begin, w.end);
+      continue;
     }
-  } else {
-    for (int64_t c = n; c > 0;) {
-      const int64_t start = wave_before(c);
-      if (c - start < 2 * kSlice) {
-        const int64_t stop = std::max<int64_t>(0, std::min(start, c - 2 * kSlice));
-        run(stop, c);
-        c = stop;
-      } else {
-        split(start, c);
-        c = start;
-      }
-    }
+    const int64_t slices = (w.end - w.begin + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < slices; ++k) run(w.begin + k * kSlice, std::min(w.end, w.begin + (k + 1) * kSlice));
   }
 }
 
 }  // namespace
+
+namespace detail {
+
+// Where the two places overlap (the first pieces of a stretch: the gap grows by half of every
+// bf16 piece before), values still to be read lie where others are to be written, so the piece
+// moves in waves: all of a wave's values are read before any write of the wave can reach them,
+// and the waves run in the order that reads every value before it is overwritten (packing front
+// to back, expanding back to front). Inside a wave the team splits the work. With a gap of G
+// bytes, a wave of bf16 values [c0, c1) may move at once when to + 2·c1 <= from + 4·c0, i.e.
+// c1 <= 2·c0 + G/2: waves double in length, so a piece takes a few of them. fp32 pieces (a
+// plain shift down by G) move in waves of G/4 values. One thread moving such a piece in order is
+// always safe (pack_bf16, unpack_bf16, memmove): a wave too short to split runs that way.
+// Measured before waves (Zen 5, qwen3_large bf16): 70% of a stretch's bytes moved on one thread.
+std::vector<Wave> piece_waves(bool pack, int64_t count, int64_t gap, size_t elem) {
+  const bool bf16 = elem == sizeof(uint16_t);
+  // The longest wave starting at (packing) or ending at (expanding) value c.
+  auto wave_after = [&](int64_t c0) { return bf16 ? 2 * c0 + gap / 2 : c0 + gap / 4; };
+  auto wave_before = [&](int64_t c1) { return std::max<int64_t>(0, bf16 ? (c1 - gap / 2 + 1) / 2 : c1 - gap / 4); };
+  constexpr int64_t kMinSplit = 2 * kWaveSlice;
+  std::vector<Wave> waves;
+  if (pack) {
+    for (int64_t c = 0; c < count;) {
+      const int64_t end = std::min(count, wave_after(c));
+      if (end - c < kMinSplit) {
+        const int64_t stop = std::min(count, c + kMinSplit);  // end is below it
+        waves.push_back({c, stop, false});
+        c = stop;
+      } else {
+        waves.push_back({c, end, true});
+        c = end;
+      }
+    }
+  } else {
+    for (int64_t c = count; c > 0;) {
+      const int64_t start = wave_before(c);
+      if (c - start < kMinSplit) {
+        const int64_t stop = std::max<int64_t>(0, c - kMinSplit);
+        waves.push_back({stop, c, false});
+        c = stop;
+      } else {
+        waves.push_back({start, c, true});
+        c = start;
+      }
+    }
+  }
+  return waves;
+}
+
+}  // namespace detail
 
 std::optional<Bf16Activations> parse_bf16_activations(std::string_view name) {
   if (name == "fp32") return Bf16Activations::Fp32;

@@ -46,6 +46,19 @@ Bf16Activations effective_bf16_activations(Bf16Activations a, Recompute r);
 // otherwise.
 std::string bf16_activations_note(Bf16Activations a, Recompute r);
 
+namespace detail {
+// How PackedActivations moves one piece of `count` values between its fp32 place and its compacted
+// place `gap` bytes below (values stored `elem` bytes each: 2 for bf16, 4 for fp32; packing moves
+// it down, expanding back up): the waves in the order they run. A split wave's values are moved
+// by the team at once, kWaveSlice values a task; the others by one thread in order.
+constexpr int64_t kWaveSlice = int64_t{1} << 16;
+struct Wave {
+  int64_t begin, end;  // values [begin, end)
+  bool split;
+};
+std::vector<Wave> piece_waves(bool pack, int64_t count, int64_t gap, size_t elem);
+}  // namespace detail
+
 class PackedActivations {
  public:
   // A fresh training forward over `blocks` blocks.
