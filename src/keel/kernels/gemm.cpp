@@ -262,8 +262,8 @@ bool env_forces_portable() {
 
 std::atomic<bool> force_portable{env_forces_portable()};
 
-// The native path's operands as bf16 words, kept from call to call (gemm_bf16 and
-// gemm_bf16_words_b share A's).
+// The native path's operands as bf16 words, kept from call to call: B's rounded by gemm_bf16,
+// A's by gemm_bf16_words_b, which both run the product.
 thread_local std::vector<uint16_t> native_a_words, native_b_words;
 
 // The stored matrix x: (rows, cols), row stride ld -> out: (rows, cols) contiguous, each value
@@ -354,15 +354,9 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
-    stage_timer::add_gemm_flops(m, n, k);
-    uint16_t* a16 = kept_buffer(native_a_words, size_t(a_rows * a_cols));
     uint16_t* b16 = kept_buffer(native_b_words, size_t(b_rows * b_cols));
-    round_operand(a, a_rows, a_cols, lda, a16);
     round_operand(b, b_rows, b_cols, ldb, b16);
-    KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldc <= INT_MAX);
-    const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16,
-                                                   a_cols, b16, b_cols, beta, c, ldc);
-    KEEL_CHECK(st == dnnl_success);
+    gemm_bf16_words_b(trans_a, trans_b, m, n, k, alpha, a, lda, b16, b_cols, beta, c, ldc);
     return;
   }
 #endif
