@@ -122,7 +122,9 @@ TEST(AttentionKernel, SlidingWindowForwardMatchesReference) {
                                  windowed(dims(1, 200, 2, 2, 16, 16, 0.f), 100),
                                  windowed(dims(2, 77, 8, 2, 16, 20, 0.f), 65),
                                  windowed(dims(1, 150, 4, 4, 8, 8, 2.f), 1),
-                                 windowed(dims(1, 40, 2, 1, 8, 8, 0.f), 1000)};
+                                 windowed(dims(1, 40, 2, 1, 8, 8, 0.f), 1000),
+                                 // a band wide enough that whole blocks lie inside it
+                                 windowed(dims(1, 400, 2, 1, 16, 16, 0.f), 200)};
   for (const AttentionDims& d : cases) {
     const Inputs in = make_inputs(d, 17, 2.f);
     const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim), lse_n = size_t(d.batch * d.heads * d.seq);
@@ -299,14 +301,17 @@ void reference_backward(const Inputs& in, const std::vector<float>& g, const Att
 // Every gradient entry against the double reference, for shapes that split the backward's work
 // differently: (sequence, kv head) pairs enough for one run each, and MQA or GQA at batch 1 over
 // several blocks, whose query blocks are split into runs whose dk and dv shares are added after.
-TEST(AttentionKernel, BackwardMatchesDoubleReferenceForEverySplit) {
-  const AttentionDims cases[] = {dims(4, 130, 4, 2, 16, 16, 0.f),            // 8 pairs: one run each
-                                 dims(1, 300, 4, 1, 24, 16, 0.f),            // MQA, batch 1: five runs
-                                 dims(1, 520, 2, 1, 16, 8, 2.f),             // nine blocks, eight runs
-                                 dims(3, 200, 4, 2, 16, 16, 0.f),            // 6 pairs: two runs over four blocks
-                                 windowed(dims(1, 400, 4, 1, 16, 16, 0.f), 90),  // runs within a band
-                                 windowed(dims(2, 260, 2, 2, 8, 8, 1.f), 64)};
-  for (const AttentionDims& d : cases) {
+const AttentionDims kBackwardSplits[] = {dims(4, 130, 4, 2, 16, 16, 0.f),             // 8 pairs: one run each
+                                         dims(1, 300, 4, 1, 24, 16, 0.f),             // MQA, batch 1: five runs
+                                         dims(1, 520, 2, 1, 16, 8, 2.f),              // nine blocks, eight runs
+                                         dims(3, 200, 4, 2, 16, 16, 0.f),  // 6 pairs: two runs over four blocks
+                                         windowed(dims(1, 400, 4, 1, 16, 16, 0.f), 90),  // runs within a band
+                                         windowed(dims(2, 260, 2, 2, 8, 8, 1.f), 64),
+                                         // whole blocks inside a wide band
+                                         windowed(dims(8, 400, 2, 1, 16, 16, 0.f), 200)};
+
+void expect_backward_matches_reference(const AttentionDims& d) {
+  {
     const Inputs in = make_inputs(d, 41, 1.5f);
     const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim);
     const std::vector<float> g = random_vector(out_n, 43);
@@ -329,6 +334,45 @@ TEST(AttentionKernel, BackwardMatchesDoubleReferenceForEverySplit) {
     expect_close(dq, rq, "dq");
     expect_close(dk, rk, "dk");
     expect_close(dv, rv, "dv");
+  }
+}
+
+TEST(AttentionKernel, BackwardMatchesDoubleReferenceForEverySplit) {
+  for (const AttentionDims& d : kBackwardSplits) expect_backward_matches_reference(d);
+}
+
+// The backward copies a task's Q and dO rows in chunks bounded in floats (4 MiB a thread); a
+// long sequence or a wide group takes several, whose key blocks are met again by later chunks
+// and added to. Chunks of one query block and of about three, on every split: still the double
+// reference's gradients, and still the same bits on one thread and on two.
+TEST(AttentionKernel, BackwardInChunksMatchesDoubleReferenceOnEveryTeam) {
+  struct ChunkFloats {
+    int64_t old;
+    explicit ChunkFloats(int64_t floats) : old(detail::set_attention_backward_chunk_floats(floats)) {}
+    ~ChunkFloats() { detail::set_attention_backward_chunk_floats(old); }
+  };
+  for (const int64_t floats : {int64_t(1), int64_t(3 * 4 * 64 * 40)}) {
+    const ChunkFloats chunks(floats);
+    for (const AttentionDims& d : kBackwardSplits) expect_backward_matches_reference(d);
+    for (const AttentionDims& d : {kBackwardSplits[1], kBackwardSplits[6]}) {
+      const Inputs in = make_inputs(d, 47, 1.5f);
+      const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim);
+      const std::vector<float> g = random_vector(out_n, 48);
+      std::vector<float> out(out_n), lse(size_t(d.batch * d.heads * d.seq)), mx(size_t(d.heads));
+      attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+      auto grads = [&](int threads) {
+        const int team = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        std::vector<float> dq(in.q.size(), 0.f), dk(in.k.size(), 0.f), dv(in.v.size(), 0.f);
+        attention_backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), g.data(), dq.data(),
+                           dk.data(), dv.data(), d);
+        omp_set_num_threads(team);
+        dq.insert(dq.end(), dk.begin(), dk.end());
+        dq.insert(dq.end(), dv.begin(), dv.end());
+        return dq;
+      };
+      EXPECT_EQ(grads(1), grads(2)) << "T=" << d.seq << " floats=" << floats;
+    }
   }
 }
 

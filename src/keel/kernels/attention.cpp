@@ -2,6 +2,7 @@
 #include "keel/kernels/attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -108,6 +109,10 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
   }
 }
 
+// Floats of Q and dO rows a backward task copies contiguous at once (4 MiB a thread); tests
+// lower it to reach several chunks at small shapes (detail::set_attention_backward_chunk_floats).
+std::atomic<int64_t> backward_chunk_floats{int64_t(1) << 20};
+
 // The backward wants at least this many tasks, so that a team of a few threads stays busy to
 // the end under dynamic scheduling. A constant, not the team size: the split must not depend on it.
 constexpr int64_t kBackwardTasks = 8;
@@ -131,6 +136,28 @@ std::vector<int64_t> backward_query_runs(const AttentionDims& d, int64_t q_block
   }
   start.push_back(q_blocks);
   return start;
+}
+
+// A row of the backward's block, keys [lo, valid): P = exp(z - lse) over the scores q·k in pr,
+// with z the (capped) logit, and dS = P·(dP - delta)·∂z/∂(q·k) over dP in dr. Two instances, not
+// a test of the cap inside the loop: GCC if-converts that test, and the uncapped loop then paid
+// for the masked-out tanh and its divisions (a sixth of the backward's own time in perf).
+template <bool Capped>
+inline void probs_and_score_grads(float* pr, float* dr, int64_t lo, int64_t valid, float scale, float cap, float li,
+                                  float di) {
+#pragma omp simd
+  for (int64_t j = lo; j < valid; ++j) {
+    const float sc = pr[j] * scale;
+    float z = sc, dz = scale;
+    if constexpr (Capped) {
+      const float t = detail::fast_tanh(sc / cap);
+      z = cap * t;
+      dz = scale * (1.f - t * t);
+    }
+    const float pj = detail::fast_exp(z - li);
+    pr[j] = pj;
+    dr[j] = pj * (dr[j] - di) * dz;
+  }
 }
 
 }  // namespace
@@ -201,8 +228,23 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           lo = std::clamp<int64_t>(k0 + j - P - q0, 0, nq);
           hi = d.window > 0 ? std::clamp<int64_t>(k0 + j + d.window - P - q0, lo, nq) : nq;
         };
+        // A whole block (every query sees every key, no cap: most blocks of a long sequence) takes
+        // loops of fixed length over the raw scores: per-row bounds cost as much as the exps.
+        // The max is taken before scaling (max(scale·s) = scale·max(s), rounding is monotone),
+        // so the first pass only reads the scores.
+        const bool whole = cap == 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= P + q0 &&
+                           first_key(d, P + q0 + kBq - 1) <= k0;
         std::fill(bmax.begin(), bmax.end(), kNegInf);
-        for (int64_t j = 0; j < nk; ++j) {
+        for (int64_t j = 0; whole && j < kBk; ++j) {
+          const float* sr = st.data() + j * kBq;
+#pragma omp simd
+          for (int64_t i = 0; i < kBq; ++i) bmax[size_t(i)] = sr[i] > bmax[size_t(i)] ? sr[i] : bmax[size_t(i)];
+        }
+        if (whole) {
+#pragma omp simd
+          for (int64_t i = 0; i < kBq; ++i) bmax[size_t(i)] *= scale;
+        }
+        for (int64_t j = 0; !whole && j < nk; ++j) {
           int64_t lo, hi;
           seen_by(j, lo, hi);
           float* sr = st.data() + j * kBq;
@@ -216,19 +258,36 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
             for (int64_t i = lo; i < hi; ++i) sr[i] = cap * detail::fast_tanh(sr[i] / cap);
           }
         }
-        for (int64_t i = 0; i < nq; ++i) {
-          tmax = std::max(tmax, bmax[size_t(i)]);
+        // The running statistics of the block's queries, in vectors of queries: a loop over
+        // them one at a time, with a scalar exp each, cost more than the exps of the scores.
+        tmax = std::max(tmax, detail::max_in_lanes(bmax.data(), nq));
+        if (cap > 0.f) {
           // tanh is monotone, so the capped maximum is the cap of the maximum.
-          const float top = cap > 0.f && bmax[size_t(i)] > kNegInf ? cap * detail::fast_tanh(bmax[size_t(i)] / cap)
-                                                                    : bmax[size_t(i)];
-          const float mnew = std::max(m[size_t(i)], top);
+#pragma omp simd
+          for (int64_t i = 0; i < nq; ++i)
+            bmax[size_t(i)] = bmax[size_t(i)] > kNegInf ? cap * detail::fast_tanh(bmax[size_t(i)] / cap) : kNegInf;
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < nq; ++i) {
+          const float mold = m[size_t(i)], top = bmax[size_t(i)];
+          const float mnew = mold < top ? top : mold;
           // A query none of whose keys came yet keeps m = -inf (and O = 0, l = 0): factor 1.
-          corr[size_t(i)] = mnew == m[size_t(i)] ? 1.f : detail::fast_exp(m[size_t(i)] - mnew);
+          const float e = detail::fast_exp(mold - mnew);
+          corr[size_t(i)] = mnew == mold ? 1.f : e;
           m[size_t(i)] = mnew;
           bsum[size_t(i)] = 0.f;
         }
         // P = exp(z - m) where the key is seen, 0 elsewhere, so P·V runs over the whole block.
-        for (int64_t j = 0; j < nk; ++j) {
+        for (int64_t j = 0; whole && j < kBk; ++j) {
+          float* sr = st.data() + j * kBq;
+#pragma omp simd
+          for (int64_t i = 0; i < kBq; ++i) {
+            const float p = detail::fast_exp(sr[i] * scale - m[size_t(i)]);
+            sr[i] = p;
+            bsum[size_t(i)] += p;
+          }
+        }
+        for (int64_t j = 0; !whole && j < nk; ++j) {
           int64_t lo, hi;
           seen_by(j, lo, hi);
           float* sr = st.data() + j * kBq;
@@ -242,8 +301,9 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           }
           if (hi < nq) std::fill(sr + hi, sr + nq, 0.f);
         }
+#pragma omp simd
+        for (int64_t i = 0; i < nq; ++i) l[size_t(i)] = l[size_t(i)] * corr[size_t(i)] + bsum[size_t(i)];
         for (int64_t i = 0; i < nq; ++i) {
-          l[size_t(i)] = l[size_t(i)] * corr[size_t(i)] + bsum[size_t(i)];
           if (corr[size_t(i)] != 1.f) {
             float* orow = o.data() + i * Dv;
 #pragma omp simd
@@ -328,14 +388,19 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       for (int64_t c = 0; c < Dv; ++c) dvr[c] += dvs[j * Dv + c];
     }
   };
+  // A task's query rows are taken in chunks of at most chunk_rows; the Q and dO rows of a
+  // chunk, for every head of the kv head, are copied contiguous once, where each key block
+  // copied them again (a fifth of the backward's time outside its products at T = 4,096).
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, backward_chunk_floats.load() / (group * kBq * (Dk + Dv))) * kBq;
 #pragma omp parallel
   {
     std::vector<float> p(size_t(kBq * kBk)), ds(size_t(kBq * kBk));
     std::vector<float> dkb(size_t(kBk * Dk)), dvb(size_t(kBk * Dv));
-    // The key block as Kᵀ, Vᵀ and K rows, and the query block's Q and dO rows, contiguous: a few
-    // 64-row blocks per thread whatever T and the group size.
+    // The key block as Kᵀ, Vᵀ and K rows, contiguous, and the chunk's Q and dO rows, kept
+    // between calls (the thread's own buffer).
     std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), kc(size_t(kBk * Dk));
-    std::vector<float> qc(size_t(kBq * Dk)), gc(size_t(kBq * Dv));
+    thread_local std::vector<float> chunk_kept;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t pair = task / runs, run = task % runs, b = pair / Hkv, kvh = pair % Hkv;
@@ -345,63 +410,81 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       const float* vbase = v + b * T * vs + kvh * Dv;
       float* dk_slice = slices + task * slice;
       float* dv_slice = dk_slice + T * Dk;
-      for (int64_t k0 = key_begin(run); k0 < qe; k0 += kBk) {
-        const int64_t nk = std::min(kBk, T - k0);
-        std::fill(dkb.begin(), dkb.end(), 0.f);
-        std::fill(dvb.begin(), dvb.end(), 0.f);
-        pack_transposed(kbase + k0 * ks, nk, Dk, ks, kt.data());
-        pack_transposed(vbase + k0 * vs, nk, Dv, vs, vt.data());
-        pack_rows(kbase + k0 * ks, nk, Dk, ks, kc.data());
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          // The run's queries that see this key block: from its own block on, and without a
-          // window to the run's end; with one, only until the block's last key drops out of the band.
-          const int64_t q_end = d.window > 0 ? std::min(qe, k0 + nk - 1 + d.window) : qe;
-          for (int64_t q0 = std::max(qa, (k0 / kBq) * kBq); q0 < q_end; q0 += kBq) {
-            const int64_t nq = std::min(kBq, T - q0);
-            const float* lse_r = lse + (b * H + h) * T + q0;
-            const float* delta_r = delta.data() + (b * H + h) * T + q0;
-            pack_rows(q + (b * T + q0) * qs + h * Dk, nq, Dk, qs, qc.data());
-            pack_rows(dout + ((b * T + q0) * H + h) * Dv, nq, Dv, H * Dv, gc.data());
-            block_gemm(false, nq, nk, Dk, qc.data(), Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
-            block_gemm(false, nq, nk, Dv, gc.data(), Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
-            for (int64_t i = 0; i < nq; ++i) {
-              const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
-              const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
-              float* pr = p.data() + i * kBk;
-              float* dr = ds.data() + i * kBk;
-              const float li = lse_r[i], di = delta_r[i];
-              if (lo > 0)  // guarded, as the forward's fills: empty below the diagonal
-                for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
-              // P = exp(z - lse) with z the (capped) logit; dS = P·(dP - delta)·∂z/∂(q·k).
-#pragma omp simd
-              for (int64_t j = lo; j < valid; ++j) {
-                const float sc = pr[j] * scale;
-                float z = sc, dz = scale;
-                if (cap > 0.f) {
-                  const float t = detail::fast_tanh(sc / cap);
-                  z = cap * t;
-                  dz = scale * (1.f - t * t);
-                }
-                const float pj = detail::fast_exp(z - li);
-                pr[j] = pj;
-                dr[j] = pj * (dr[j] - di) * dz;
-              }
-              if (valid < kBk)
-                for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
-            }
-            // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
-            // entries of P and dS are 0).
-            float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
-            block_gemm(true, nk, Dv, nq, p.data(), kBk, gc.data(), Dv, dvb.data(), Dv, true);
-            block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc.data(), Dk, dkb.data(), Dk, true);
-            block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
+      for (int64_t ca = qa; ca < qe; ca += chunk_rows) {
+        const int64_t ce = std::min(qe, ca + chunk_rows), chunk_blocks = (ce - ca + kBq - 1) / kBq;
+        // Block (head g of the group, query block c of the chunk): kBq rows of Q, then kBq of dO.
+        const int64_t block_floats = kBq * (Dk + Dv);
+        float* const chunk = kept_buffer(chunk_kept, size_t(group * chunk_blocks * block_floats));
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t c = 0; c < chunk_blocks; ++c) {
+            const int64_t q0 = ca + c * kBq, nq = std::min(kBq, T - q0), h = kvh * group + g;
+            float* qrows = chunk + (g * chunk_blocks + c) * block_floats;
+            pack_rows(q + (b * T + q0) * qs + h * Dk, nq, Dk, qs, qrows);
+            pack_rows(dout + ((b * T + q0) * H + h) * Dv, nq, Dv, H * Dv, qrows + kBq * Dk);
           }
-        }
-        if (runs == 1) {
-          add_kv_rows(b, kvh, k0, nk, dkb.data(), dvb.data());
-        } else {
-          std::copy(dkb.begin(), dkb.begin() + nk * Dk, dk_slice + k0 * Dk);
-          std::copy(dvb.begin(), dvb.begin() + nk * Dv, dv_slice + k0 * Dv);
+        // Key blocks from the first the chunk's first query sees; those before ca were met by the
+        // chunks before (their sums are added to), those from ca on are new.
+        for (int64_t k0 = first_key(d, ca) / kBk * kBk; k0 < ce; k0 += kBk) {
+          const int64_t nk = std::min(kBk, T - k0);
+          bool first_product = true;  // overwrites dkb and dvb: no zeroing of the key block's sums
+          pack_transposed(kbase + k0 * ks, nk, Dk, ks, kt.data());
+          pack_transposed(vbase + k0 * vs, nk, Dv, vs, vt.data());
+          pack_rows(kbase + k0 * ks, nk, Dk, ks, kc.data());
+          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+            // The chunk's queries that see this key block: from its own block on, and without a
+            // window to the chunk's end; with one, only until the block's last key drops out of the band.
+            const int64_t q_end = d.window > 0 ? std::min(ce, k0 + nk - 1 + d.window) : ce;
+            for (int64_t q0 = std::max(ca, (k0 / kBq) * kBq); q0 < q_end; q0 += kBq) {
+              const int64_t nq = std::min(kBq, T - q0);
+              const float* lse_r = lse + (b * H + h) * T + q0;
+              const float* delta_r = delta.data() + (b * H + h) * T + q0;
+              const float* qc = chunk + ((h - kvh * group) * chunk_blocks + (q0 - ca) / kBq) * block_floats;
+              const float* gc = qc + kBq * Dk;
+              block_gemm(false, nq, nk, Dk, qc, Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
+              block_gemm(false, nq, nk, Dv, gc, Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
+              // A whole block (as in the forward) runs rows of fixed length.
+              const bool whole = cap == 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= q0 &&
+                                 first_key(d, q0 + kBq - 1) <= k0;
+              for (int64_t i = 0; whole && i < kBq; ++i)
+                probs_and_score_grads<false>(p.data() + i * kBk, ds.data() + i * kBk, 0, kBk, scale, cap, lse_r[i],
+                                             delta_r[i]);
+              for (int64_t i = 0; !whole && i < nq; ++i) {
+                const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
+                const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
+                float* pr = p.data() + i * kBk;
+                float* dr = ds.data() + i * kBk;
+                const float li = lse_r[i], di = delta_r[i];
+                if (lo > 0)  // guarded, as the forward's fills: empty below the diagonal
+                  for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
+                if (cap > 0.f)
+                  probs_and_score_grads<true>(pr, dr, lo, valid, scale, cap, li, di);
+                else
+                  probs_and_score_grads<false>(pr, dr, lo, valid, scale, cap, li, di);
+                if (valid < kBk)
+                  for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
+              }
+              // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
+              // entries of P and dS are 0).
+              float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
+              block_gemm(true, nk, Dv, nq, p.data(), kBk, gc, Dv, dvb.data(), Dv, !first_product);
+              block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc, Dk, dkb.data(), Dk, !first_product);
+              block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
+              first_product = false;
+            }
+          }
+          if (first_product) {  // no query of the chunk sees the block (cannot happen for the chunks made above)
+            std::fill(dkb.begin(), dkb.end(), 0.f);
+            std::fill(dvb.begin(), dvb.end(), 0.f);
+          }
+          if (runs == 1) {
+            add_kv_rows(b, kvh, k0, nk, dkb.data(), dvb.data());
+          } else if (ca == qa || k0 >= ca) {  // the run's slice meets this key block first
+            std::copy(dkb.begin(), dkb.begin() + nk * Dk, dk_slice + k0 * Dk);
+            std::copy(dvb.begin(), dvb.begin() + nk * Dv, dv_slice + k0 * Dv);
+          } else {
+            for (int64_t x = 0; x < nk * Dk; ++x) dk_slice[k0 * Dk + x] += dkb[size_t(x)];
+            for (int64_t x = 0; x < nk * Dv; ++x) dv_slice[k0 * Dv + x] += dvb[size_t(x)];
+          }
         }
       }
     }
@@ -420,6 +503,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     }
   }
 }
+
+namespace detail {
+int64_t set_attention_backward_chunk_floats(int64_t floats) { return backward_chunk_floats.exchange(floats); }
+}  // namespace detail
 
 // Same contract as attention_forward; plain loops in double over a full T×T score matrix.
 void attention_reference_forward(const float* q, const float* k, const float* v, float* out, float* lse,

@@ -38,6 +38,13 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d);
 
+namespace detail {
+// attention_backward copies the Q and dO rows of each task in chunks of at most this many floats
+// per thread (default 2^20). Tests set it low to reach several chunks at small shapes; returns
+// the previous value. Not for concurrent use with a running backward.
+int64_t set_attention_backward_chunk_floats(int64_t floats);
+}  // namespace detail
+
 // Same contract as attention_forward; builds each head's full T×T score matrix. Tests only.
 void attention_reference_forward(const float* q, const float* k, const float* v, float* out, float* lse,
                                  float* max_logit, const AttentionDims& d);
