@@ -343,7 +343,8 @@ TEST(AttentionKernel, BackwardMatchesDoubleReferenceForEverySplit) {
 
 // The backward copies a task's Q and dO rows in chunks bounded in floats (4 MiB a thread); a
 // long sequence or a wide group takes several, whose key blocks are met again by later chunks
-// and added to. Chunks of one query block and of about three, on every split: still the double
+// and added to. Chunks of one query block, and of two where the group is 2 and Dk + Dv = 32
+// (several two-block chunks in one run, in cases 0, 3 and 6), on every split: still the double
 // reference's gradients, and still the same bits on one thread and on two.
 TEST(AttentionKernel, BackwardInChunksMatchesDoubleReferenceOnEveryTeam) {
   struct ChunkFloats {
@@ -351,7 +352,7 @@ TEST(AttentionKernel, BackwardInChunksMatchesDoubleReferenceOnEveryTeam) {
     explicit ChunkFloats(int64_t floats) : old(detail::set_attention_backward_chunk_floats(floats)) {}
     ~ChunkFloats() { detail::set_attention_backward_chunk_floats(old); }
   };
-  for (const int64_t floats : {int64_t(1), int64_t(3 * 4 * 64 * 40)}) {
+  for (const int64_t floats : {int64_t(1), int64_t(2 * 2 * 64 * 32)}) {
     const ChunkFloats chunks(floats);
     for (const AttentionDims& d : kBackwardSplits) expect_backward_matches_reference(d);
     for (const AttentionDims& d : {kBackwardSplits[1], kBackwardSplits[6]}) {

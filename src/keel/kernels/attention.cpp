@@ -109,8 +109,9 @@ void decode_step(const float* q, const float* k, const float* v, float* out, flo
   }
 }
 
-// Floats of Q and dO rows a backward task copies contiguous at once (4 MiB a thread); tests
-// lower it to reach several chunks at small shapes (detail::set_attention_backward_chunk_floats).
+// Floats of Q and dO rows a backward task copies contiguous at once (4 MiB a thread), except
+// that a chunk holds at least one query block of every head of the kv head; tests lower it to
+// reach several chunks at small shapes (detail::set_attention_backward_chunk_floats).
 std::atomic<int64_t> backward_chunk_floats{int64_t(1) << 20};
 
 // The backward wants at least this many tasks, so that a team of a few threads stays busy to
@@ -230,9 +231,9 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
         };
         // A whole block (every query sees every key, no cap: most blocks of a long sequence) takes
         // loops of fixed length over the raw scores: per-row bounds cost as much as the exps.
-        // The max is taken before scaling (max(scale·s) = scale·max(s), rounding is monotone),
-        // so the first pass only reads the scores.
-        const bool whole = cap == 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= P + q0 &&
+        // The max is taken before scaling (max(scale·s) = scale·max(s) for scale > 0, rounding
+        // is monotone), so the first pass only reads the scores.
+        const bool whole = cap == 0.f && scale > 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= P + q0 &&
                            first_key(d, P + q0 + kBq - 1) <= k0;
         std::fill(bmax.begin(), bmax.end(), kNegInf);
         for (int64_t j = 0; whole && j < kBk; ++j) {
@@ -272,7 +273,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           const float mold = m[size_t(i)], top = bmax[size_t(i)];
           const float mnew = mold < top ? top : mold;
           // A query none of whose keys came yet keeps m = -inf (and O = 0, l = 0): factor 1.
-          const float e = detail::fast_exp(mold - mnew);
+          // (Both -inf: the difference would be NaN, whose conversion in fast_exp is undefined.)
+          const float e = detail::fast_exp(mnew == mold ? 0.f : mold - mnew);
           corr[size_t(i)] = mnew == mold ? 1.f : e;
           m[size_t(i)] = mnew;
           bsum[size_t(i)] = 0.f;
@@ -422,8 +424,9 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             pack_rows(q + (b * T + q0) * qs + h * Dk, nq, Dk, qs, qrows);
             pack_rows(dout + ((b * T + q0) * H + h) * Dv, nq, Dv, H * Dv, qrows + kBq * Dk);
           }
-        // Key blocks from the first the chunk's first query sees; those before ca were met by the
-        // chunks before (their sums are added to), those from ca on are new.
+        // Key blocks from the first the chunk's first query sees. After the task's first chunk,
+        // those before ca were met by the chunks before (their sums are added to) and those from
+        // ca on are new; in the first chunk all are new.
         for (int64_t k0 = first_key(d, ca) / kBk * kBk; k0 < ce; k0 += kBk) {
           const int64_t nk = std::min(kBk, T - k0);
           bool first_product = true;  // overwrites dkb and dvb: no zeroing of the key block's sums

@@ -39,8 +39,9 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d);
 
 namespace detail {
-// attention_backward copies the Q and dO rows of each task in chunks of at most this many floats
-// per thread (default 2^20). Tests set it low to reach several chunks at small shapes; returns
+// attention_backward copies the Q and dO rows of each task in chunks of about this many floats
+// per thread (default 2^20; at least one query block of every head of the kv head, whatever the
+// value). Tests set it low to reach several chunks at small shapes; returns
 // the previous value. Not for concurrent use with a running backward.
 int64_t set_attention_backward_chunk_floats(int64_t floats);
 }  // namespace detail
