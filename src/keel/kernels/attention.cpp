@@ -25,6 +25,11 @@ constexpr int64_t kBq = 64;
 constexpr int64_t kBk = 64;
 static_assert(kBq == kBk, "pack_transposed pads to kBk columns, also for query blocks");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// On a diagonal block (its keys at its queries' positions) a query sees only the keys up to its
+// own, so the products there run in strips of this many rows, each over only the columns or the
+// terms its rows can see: 62.5% of the whole block's work. Masked entries are zeroed by the
+// softmax passes, which never read what a strip left out.
+constexpr int64_t kStrip = 16;
 
 void check_dims(const AttentionDims& d) {
   KEEL_CHECK(d.batch >= 0 && d.seq >= 0 && d.heads > 0 && d.kv_heads > 0 && d.qk_dim > 0 && d.v_dim > 0);
@@ -222,7 +227,14 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       // The window's band starts at the block's first query's first key.
       for (int64_t k0 = first_key(d, P + q0) / kBk * kBk; k0 < P + q0 + nq; k0 += kBk) {
         const int64_t nk = std::min(kBk, P + q0 + nq - k0);
-        block_gemm(false, nk, nq, Dk, kbase + k0 * ks, ks, qt.data(), kBq, st.data(), kBq, false);
+        const bool diagonal = k0 == P + q0;  // training (P = 0): the last block of each query block
+        if (diagonal) {  // key row j is seen by queries j.. (nk == nq here)
+          for (int64_t j0 = 0; j0 < nk; j0 += kStrip)
+            block_gemm(false, std::min(kStrip, nk - j0), nq - j0, Dk, kbase + (k0 + j0) * ks, ks, qt.data() + j0, kBq,
+                       st.data() + j0 * kBq + j0, kBq, false);
+        } else {
+          block_gemm(false, nk, nq, Dk, kbase + k0 * ks, ks, qt.data(), kBq, st.data(), kBq, false);
+        }
         // Key k0 + j is seen by the queries i in [lo, hi): causal from its own position on,
         // and with a window only while it is among the last `window` positions.
         auto seen_by = [&](int64_t j, int64_t& lo, int64_t& hi) {
@@ -312,12 +324,16 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
             for (int64_t c = 0; c < Dv; ++c) orow[c] *= corr[size_t(i)];
           }
         }
-        // O += P·V = (Sᵀ)ᵀ·V over the block.
-        if (copy_v)
-          block_gemm(true, nq, Dv, nk, st.data(), kBq, vb + (first_blk + k0 / kBk) * vb_floats, Dv, o.data(), Dv,
-                     true);
-        else
-          block_gemm(true, nq, Dv, nk, st.data(), kBq, v + (b * Tk + k0) * vs + kvh * Dv, vs, o.data(), Dv, true);
+        // O += P·V = (Sᵀ)ᵀ·V over the block; on the diagonal, query rows i0.. over keys up to their strip's last.
+        const float* vblk = copy_v ? vb + (first_blk + k0 / kBk) * vb_floats : v + (b * Tk + k0) * vs + kvh * Dv;
+        const int64_t vld = copy_v ? Dv : vs;
+        if (diagonal) {
+          for (int64_t i0 = 0; i0 < nq; i0 += kStrip)
+            block_gemm(true, std::min(kStrip, nq - i0), Dv, std::min(nk, i0 + kStrip), st.data() + i0, kBq, vblk, vld,
+                       o.data() + i0 * Dv, Dv, true);
+        } else {
+          block_gemm(true, nq, Dv, nk, st.data(), kBq, vblk, vld, o.data(), Dv, true);
+        }
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -443,8 +459,17 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               const float* delta_r = delta.data() + (b * H + h) * T + q0;
               const float* qc = chunk + ((h - kvh * group) * chunk_blocks + (q0 - ca) / kBq) * block_floats;
               const float* gc = qc + kBq * Dk;
-              block_gemm(false, nq, nk, Dk, qc, Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
-              block_gemm(false, nq, nk, Dv, gc, Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
+              const bool diagonal = q0 == k0;  // query row i sees keys ..i (nq == nk here)
+              if (diagonal) {
+                for (int64_t i0 = 0; i0 < nq; i0 += kStrip) {
+                  const int64_t rows = std::min(kStrip, nq - i0), keys = std::min(nk, i0 + kStrip);
+                  block_gemm(false, rows, keys, Dk, qc + i0 * Dk, Dk, kt.data(), kBk, p.data() + i0 * kBk, kBk, false);
+                  block_gemm(false, rows, keys, Dv, gc + i0 * Dv, Dv, vt.data(), kBk, ds.data() + i0 * kBk, kBk, false);
+                }
+              } else {
+                block_gemm(false, nq, nk, Dk, qc, Dk, kt.data(), kBk, p.data(), kBk, false);  // q·k
+                block_gemm(false, nq, nk, Dv, gc, Dv, vt.data(), kBk, ds.data(), kBk, false);  // dP
+              }
               // A whole block (as in the forward) runs rows of fixed length.
               const bool whole = cap == 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= q0 &&
                                  first_key(d, q0 + kBq - 1) <= k0;
@@ -468,10 +493,25 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               }
               // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
               // entries of P and dS are 0).
+              // On the diagonal, key rows j0.. take the queries from j0 on, query rows i0.. the keys up to
+              // their strip's last.
               float* dq_rows = dq + (b * T + q0) * qs + h * Dk;
-              block_gemm(true, nk, Dv, nq, p.data(), kBk, gc, Dv, dvb.data(), Dv, !first_product);
-              block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc, Dk, dkb.data(), Dk, !first_product);
-              block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
+              if (diagonal) {
+                for (int64_t j0 = 0; j0 < nk; j0 += kStrip) {
+                  const int64_t rows = std::min(kStrip, nk - j0), from = j0 * kBk + j0;
+                  block_gemm(true, rows, Dv, nq - j0, p.data() + from, kBk, gc + j0 * Dv, Dv, dvb.data() + j0 * Dv, Dv,
+                             !first_product);
+                  block_gemm(true, rows, Dk, nq - j0, ds.data() + from, kBk, qc + j0 * Dk, Dk, dkb.data() + j0 * Dk, Dk,
+                             !first_product);
+                }
+                for (int64_t i0 = 0; i0 < nq; i0 += kStrip)
+                  block_gemm(false, std::min(kStrip, nq - i0), Dk, std::min(nk, i0 + kStrip), ds.data() + i0 * kBk, kBk,
+                             kc.data(), Dk, dq_rows + i0 * qs, qs, true);
+              } else {
+                block_gemm(true, nk, Dv, nq, p.data(), kBk, gc, Dv, dvb.data(), Dv, !first_product);
+                block_gemm(true, nk, Dk, nq, ds.data(), kBk, qc, Dk, dkb.data(), Dk, !first_product);
+                block_gemm(false, nq, Dk, nk, ds.data(), kBk, kc.data(), Dk, dq_rows, qs, true);
+              }
               first_product = false;
             }
           }
