@@ -248,27 +248,28 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
         const bool whole = cap == 0.f && scale > 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= P + q0 &&
                            first_key(d, P + q0 + kBq - 1) <= k0;
         std::fill(bmax.begin(), bmax.end(), kNegInf);
-        for (int64_t j = 0; whole && j < kBk; ++j) {
-          const float* sr = st.data() + j * kBq;
-#pragma omp simd
-          for (int64_t i = 0; i < kBq; ++i) bmax[size_t(i)] = sr[i] > bmax[size_t(i)] ? sr[i] : bmax[size_t(i)];
-        }
         if (whole) {
+          for (int64_t j = 0; j < kBk; ++j) {
+            const float* sr = st.data() + j * kBq;
+#pragma omp simd
+            for (int64_t i = 0; i < kBq; ++i) bmax[size_t(i)] = sr[i] > bmax[size_t(i)] ? sr[i] : bmax[size_t(i)];
+          }
 #pragma omp simd
           for (int64_t i = 0; i < kBq; ++i) bmax[size_t(i)] *= scale;
-        }
-        for (int64_t j = 0; !whole && j < nk; ++j) {
-          int64_t lo, hi;
-          seen_by(j, lo, hi);
-          float* sr = st.data() + j * kBq;
+        } else {
+          for (int64_t j = 0; j < nk; ++j) {
+            int64_t lo, hi;
+            seen_by(j, lo, hi);
+            float* sr = st.data() + j * kBq;
 #pragma omp simd
-          for (int64_t i = lo; i < hi; ++i) {
-            sr[i] *= scale;
-            bmax[size_t(i)] = std::max(bmax[size_t(i)], sr[i]);
-          }
-          if (cap > 0.f) {
+            for (int64_t i = lo; i < hi; ++i) {
+              sr[i] *= scale;
+              bmax[size_t(i)] = std::max(bmax[size_t(i)], sr[i]);
+            }
+            if (cap > 0.f) {
 #pragma omp simd
-            for (int64_t i = lo; i < hi; ++i) sr[i] = cap * detail::fast_tanh(sr[i] / cap);
+              for (int64_t i = lo; i < hi; ++i) sr[i] = cap * detail::fast_tanh(sr[i] / cap);
+            }
           }
         }
         // The running statistics of the block's queries, in vectors of queries: a loop over
@@ -285,35 +286,38 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           const float mold = m[size_t(i)], top = bmax[size_t(i)];
           const float mnew = mold < top ? top : mold;
           // A query none of whose keys came yet keeps m = -inf (and O = 0, l = 0): factor 1.
-          // (Both -inf: the difference would be NaN, whose conversion in fast_exp is undefined.)
-          const float e = detail::fast_exp(mnew == mold ? 0.f : mold - mnew);
-          corr[size_t(i)] = mnew == mold ? 1.f : e;
+          // (Both -inf would make the difference NaN, whose conversion in fast_exp is undefined;
+          // fast_exp(0) is exactly 1.)
+          corr[size_t(i)] = detail::fast_exp(mnew == mold ? 0.f : mold - mnew);
           m[size_t(i)] = mnew;
           bsum[size_t(i)] = 0.f;
         }
         // P = exp(z - m) where the key is seen, 0 elsewhere, so P·V runs over the whole block.
-        for (int64_t j = 0; whole && j < kBk; ++j) {
-          float* sr = st.data() + j * kBq;
+        if (whole) {
+          for (int64_t j = 0; j < kBk; ++j) {
+            float* sr = st.data() + j * kBq;
 #pragma omp simd
-          for (int64_t i = 0; i < kBq; ++i) {
-            const float p = detail::fast_exp(sr[i] * scale - m[size_t(i)]);
-            sr[i] = p;
-            bsum[size_t(i)] += p;
+            for (int64_t i = 0; i < kBq; ++i) {
+              const float p = detail::fast_exp(sr[i] * scale - m[size_t(i)]);
+              sr[i] = p;
+              bsum[size_t(i)] += p;
+            }
           }
-        }
-        for (int64_t j = 0; !whole && j < nk; ++j) {
-          int64_t lo, hi;
-          seen_by(j, lo, hi);
-          float* sr = st.data() + j * kBq;
-          // Guarded: below the diagonal block both ranges are empty, and GCC makes each fill a
-          // memset call, two per key row.
-          if (lo > 0) std::fill(sr, sr + lo, 0.f);
+        } else {
+          for (int64_t j = 0; j < nk; ++j) {
+            int64_t lo, hi;
+            seen_by(j, lo, hi);
+            float* sr = st.data() + j * kBq;
+            // Guarded: below the diagonal block both ranges are empty, and GCC makes each fill a
+            // memset call, two per key row.
+            if (lo > 0) std::fill(sr, sr + lo, 0.f);
 #pragma omp simd
-          for (int64_t i = lo; i < hi; ++i) {
-            sr[i] = detail::fast_exp(sr[i] - m[size_t(i)]);
-            bsum[size_t(i)] += sr[i];
+            for (int64_t i = lo; i < hi; ++i) {
+              sr[i] = detail::fast_exp(sr[i] - m[size_t(i)]);
+              bsum[size_t(i)] += sr[i];
+            }
+            if (hi < nq) std::fill(sr + hi, sr + nq, 0.f);
           }
-          if (hi < nq) std::fill(sr + hi, sr + nq, 0.f);
         }
 #pragma omp simd
         for (int64_t i = 0; i < nq; ++i) l[size_t(i)] = l[size_t(i)] * corr[size_t(i)] + bsum[size_t(i)];
@@ -473,23 +477,26 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               // A whole block (as in the forward) runs rows of fixed length.
               const bool whole = cap == 0.f && nq == kBq && nk == kBk && k0 + kBk - 1 <= q0 &&
                                  first_key(d, q0 + kBq - 1) <= k0;
-              for (int64_t i = 0; whole && i < kBq; ++i)
-                probs_and_score_grads<false>(p.data() + i * kBk, ds.data() + i * kBk, 0, kBk, scale, cap, lse_r[i],
-                                             delta_r[i]);
-              for (int64_t i = 0; !whole && i < nq; ++i) {
-                const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
-                const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
-                float* pr = p.data() + i * kBk;
-                float* dr = ds.data() + i * kBk;
-                const float li = lse_r[i], di = delta_r[i];
-                if (lo > 0)  // guarded, as the forward's fills: empty below the diagonal
-                  for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
-                if (cap > 0.f)
-                  probs_and_score_grads<true>(pr, dr, lo, valid, scale, cap, li, di);
-                else
-                  probs_and_score_grads<false>(pr, dr, lo, valid, scale, cap, li, di);
-                if (valid < kBk)
-                  for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
+              if (whole) {
+                for (int64_t i = 0; i < kBq; ++i)
+                  probs_and_score_grads<false>(p.data() + i * kBk, ds.data() + i * kBk, 0, kBk, scale, cap, lse_r[i],
+                                               delta_r[i]);
+              } else {
+                for (int64_t i = 0; i < nq; ++i) {
+                  const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
+                  const int64_t lo = std::min(valid, std::max<int64_t>(0, first_key(d, q0 + i) - k0));
+                  float* pr = p.data() + i * kBk;
+                  float* dr = ds.data() + i * kBk;
+                  const float li = lse_r[i], di = delta_r[i];
+                  if (lo > 0)  // guarded, as the forward's fills: empty below the diagonal
+                    for (int64_t j = 0; j < lo; ++j) pr[j] = dr[j] = 0.f;
+                  if (cap > 0.f)
+                    probs_and_score_grads<true>(pr, dr, lo, valid, scale, cap, li, di);
+                  else
+                    probs_and_score_grads<false>(pr, dr, lo, valid, scale, cap, li, di);
+                  if (valid < kBk)
+                    for (int64_t j = valid; j < kBk; ++j) pr[j] = dr[j] = 0.f;
+                }
               }
               // dV_blk += Pᵀ·dO ; dK_blk += dSᵀ·Q ; dQ += dS·K_blk over the whole block (masked
               // entries of P and dS are 0).
