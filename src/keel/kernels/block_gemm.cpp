@@ -257,20 +257,36 @@ void pack_a_as(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0,
     return _mm256_mul_ps(scale, Round ? round_to_bf16_8(x) : x);
   };
   auto value = [&](float x) { return alpha * (Round ? bf16_to_float(float_to_bf16(x)) : x); };
+  if (trans_a) {
+    // A stored (k, m): a step's rows of the block are contiguous. Whole tiles (8 floats readable)
+    // are packed a step at a time across the block, so each cache line of A is read once: tile
+    // by tile, a row stride of a multiple of 4 KiB (a weight gradient's dyᵀ with 1,024 outputs)
+    // put all kc lines of a tile in a few L1 sets and read every line about three times.
+    const int64_t whole = std::min(mc, m - i0 - 2) / kTileRows;  // tiles with 8 floats to read
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* src = a + (p0 + p) * lda + i0;
+      // An 8-float store overruns into the next step's slot, which that step overwrites; the
+      // last step's would land on the next tile's first, so it stores 6.
+      if (p + 1 < kc) {
+        for (int64_t t = 0; t < whole; ++t)
+          _mm256_storeu_ps(out + t * kc * kTileRows + p * kTileRows, load8(src + t * kTileRows));
+      } else {
+        for (int64_t t = 0; t < whole; ++t)
+          for (int64_t r = 0; r < kTileRows; ++r) out[t * kc * kTileRows + p * kTileRows + r] = value(src[t * kTileRows + r]);
+      }
+    }
+    for (int64_t ib = whole * kTileRows; ib < mc; ib += kTileRows) {
+      const int64_t rows = std::min<int64_t>(kTileRows, mc - ib);
+      float* dst = out + (ib / kTileRows) * kc * kTileRows;
+      const float* src = a + p0 * lda + i0 + ib;
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < kTileRows; ++r) dst[p * kTileRows + r] = r < rows ? value(src[p * lda + r]) : 0.f;
+    }
+    return;
+  }
   for (int64_t ib = 0; ib < mc; ib += kTileRows) {
     const int64_t rows = std::min<int64_t>(kTileRows, mc - ib);
     float* dst = out + (ib / kTileRows) * kc * kTileRows;
-    if (trans_a) {
-      // A stored (k, m): each step's 6 rows are contiguous; 8 may be read where A has them.
-      const float* src = a + p0 * lda + i0 + ib;
-      if (rows == kTileRows && i0 + ib + 8 <= m) {
-        for (int64_t p = 0; p < kc; ++p) _mm256_storeu_ps(dst + p * kTileRows, load8(src + p * lda));
-      } else {
-        for (int64_t p = 0; p < kc; ++p)
-          for (int64_t r = 0; r < kTileRows; ++r) dst[p * kTileRows + r] = r < rows ? value(src[p * lda + r]) : 0.f;
-      }
-      continue;
-    }
     // A stored (m, k): 8 steps of the 6 rows at a time through an 8×8 transpose (two zero rows).
     const float* src = a + (i0 + ib) * lda + p0;
     int64_t p = 0;
