@@ -1,11 +1,7 @@
 #pragma once
-// The CPU's model name from /proc/cpuinfo, which every benchmark prints beside its figures.
-#include <fstream>
+// The CPU's model name and vector extensions, which every benchmark prints beside its figures.
 #include <string>
 
-inline std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
+#include "keel/core/cpu_info.hpp"
+
+inline std::string cpu_model() { return keel::cpu_description(); }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
 #include "keel/arch/config_file.hpp"
 #include "keel/core/denormals.hpp"
 #include "keel/core/error.hpp"
@@ -87,8 +88,13 @@ int main(int argc, char** argv) {
       bytes[m] = keel::nn::Generator(*models[m]).cache_bytes_per_token();
     }
     if (json) {
-      std::printf("{\"prompt\": %lld, \"new_tokens\": %lld, \"repeats\": %lld, \"models\": [", (long long)prompt_len,
-                  (long long)new_tokens, (long long)repeats);
+      std::string cpu;  // a JSON string's body: quotes and backslashes escaped
+      for (char ch : cpu_model()) {
+        if (ch == '"' || ch == '\\') cpu += '\\';
+        cpu += ch;
+      }
+      std::printf("{\"cpu\": \"%s\", \"prompt\": %lld, \"new_tokens\": %lld, \"repeats\": %lld, \"models\": [",
+                  cpu.c_str(), (long long)prompt_len, (long long)new_tokens, (long long)repeats);
       for (size_t m = 0; m < 2; ++m) {
         std::printf("%s{\"config\": \"%s\", \"attention\": \"%s\", \"decode_tokens_per_s\": %.1f, "
                     "\"prefill_tokens_per_s\": %.1f, \"cache_bytes_per_token\": %lld}",
@@ -99,6 +105,7 @@ int main(int argc, char** argv) {
       std::printf("], \"decode_ratio\": %.3f, \"cache_ratio\": %.3f}\n", decode[0] / decode[1],
                   static_cast<double>(bytes[0]) / static_cast<double>(bytes[1]));
     } else {
+      std::printf("CPU: %s\n", cpu_model().c_str());
       for (size_t m = 0; m < 2; ++m) {
         std::printf("%-4s %-50s decode %8.1f tok/s  prefill %9.1f tok/s  cache %6lld B/token\n",
                     std::string(keel::arch::to_string(models[m]->spec().attention.kind)).c_str(), configs[m].c_str(),

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
+
 #if defined(KEEL_BENCH_KEEL)
 #include "keel/kernels/gemm.hpp"
 static const char* library_name() { return "keel::kernels::gemm (oneDNN per panel, keel's panel schedule)"; }
@@ -96,7 +98,7 @@ double time_case(const Case& cs, Mode mode, std::vector<float>& a, std::vector<f
 }  // namespace
 
 int main() {
-  std::printf("library: %s  omp_max_threads=%d\n", library_name(), omp_get_max_threads());
+  std::printf("CPU: %s\nlibrary: %s  omp_max_threads=%d\n", cpu_model().c_str(), library_name(), omp_get_max_threads());
   const int64_t tokens = 2048;
   std::vector<Case> cases;
   for (int64_t in : {256, 512})

@@ -73,7 +73,7 @@ def main():
             if need > budget:
                 break
             widest = hidden
-        row = {"recompute": recompute, "precision": args.precision, "measured_seqs": [t0, t1],
+        row = {"cpu": a.get("cpu"), "recompute": recompute, "precision": args.precision, "measured_seqs": [t0, t1],
                "bf16_activations": a.get("bf16_activations_stored"),  # what the steps stored
                "peak_rss_mb": [round(a["peak_rss_mb"]), round(b["peak_rss_mb"])],
                "tokens_per_s": [round(a["tokens_per_s"], 1), round(b["tokens_per_s"], 1)],
@@ -83,6 +83,8 @@ def main():
         if args.json:
             print(json.dumps(row), flush=True)
         else:
+            if recompute == args.recompute.split(",")[0]:
+                print(f"CPU: {row['cpu']}; {args.threads} threads", flush=True)
             print(f"{recompute:9s} peak {row['peak_rss_mb']} MB at T={t0},{t1}; fixed {row['fixed_mb']} MB, "
                   f"{row['kib_per_token']} KiB/token -> Qwen3-0.6B up to T={longest:,} at B=1; widest 28-layer "
                   f"model at 1x2048: hidden {widest} ({row['widest_params_b']} B params)", flush=True)

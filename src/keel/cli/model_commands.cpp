@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/core/cpu_info.hpp"
 #include "keel/core/stage_timer.hpp"
 #include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/gemm.hpp"
@@ -407,12 +408,13 @@ void register_bench(CLI::App& app) {
       out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;
       // The code that ran, which the CPU's flags alone do not say: the build's block microkernel
       // (-march) and oneDNN's ISA under ONEDNN_MAX_CPU_ISA.
+      out["cpu"] = cpu_description();
       out["kernels"] = {{"block_gemm", kernels::block_gemm_isa()},
                         {"gemm_backend", kernels::gemm_backend_isa()},
                         {"bf16_gemm_native", kernels::bf16_gemm_native_available()}};
       std::printf("%s\n", out.dump().c_str());
     } else {
-      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB", ms, tps, peak_rss_mb());
+      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB (%s)", ms, tps, peak_rss_mb(), cpu_description().c_str());
       if (use_muon) std::printf(", Newton-Schulz %.2f ms/step (%.1f%% of the step)", ns_ms, 100.0 * ns_ms / ms);
       std::printf("\n");
     }
