@@ -17,10 +17,14 @@ namespace keel::kernels {
 
 namespace {
 
-// Rows per chunk: about 8 Mi logits (32 MiB) per chunk, at least 64 rows so the gemms stay
-// efficient. Every chunk re-reads and re-writes all of dw, so larger chunks are cheaper there.
+// Rows per chunk: about 8 Mi logits (32 MiB) per chunk, and at least 256 rows. Every chunk
+// re-reads and re-writes all of dw (vocab × hidden) in a weight-gradient product whose inner
+// dimension is the chunk's rows, and its logits and dh products have that many rows: at 64 rows
+// (the floor before) a vocabulary of 151,936 ran the step's GEMMs at 261-271 GFLOP/s, at 256 at
+// 324-332, 1.17-1.23x the tokens/s of a d256 model, 1.08-1.12x at GPT-2's 50,257
+// (docs/performance.md). The price is the buffer: 256 rows of 151,936 logits are 155 MB.
 int64_t chunk_rows(int64_t n, int64_t vocab) {
-  const int64_t rows = std::clamp<int64_t>((int64_t(1) << 23) / std::max<int64_t>(vocab, 1), 64, 4096);
+  const int64_t rows = std::clamp<int64_t>((int64_t(1) << 23) / std::max<int64_t>(vocab, 1), 256, 4096);
   return std::min(rows, std::max<int64_t>(n, 1));
 }
 
@@ -33,7 +37,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
   stage_timer::Scope stage_scope(stage_timer::Stage::Loss);
   const bool want_grad = dh != nullptr || dw != nullptr;
   const int64_t rows = chunk_rows(n, vocab);
-  // The chunk's logits (32 MiB at vocab 8,192): kept from call to call, since allocating them
+  // The chunk's logits (32 MiB at vocab 8,192, 155 MB at 151,936): kept from call to call, since allocating them
   // afresh faulted in and zeroed every page each step (4% of a step in perf); the GEMM below
   // overwrites them.
   thread_local std::vector<float> logits_buffer;
