@@ -272,7 +272,8 @@ void pack_a_as(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0,
           _mm256_storeu_ps(out + t * kc * kTileRows + p * kTileRows, load8(src + t * kTileRows));
       } else {
         for (int64_t t = 0; t < whole; ++t)
-          for (int64_t r = 0; r < kTileRows; ++r) out[t * kc * kTileRows + p * kTileRows + r] = value(src[t * kTileRows + r]);
+          for (int64_t r = 0; r < kTileRows; ++r)
+            out[t * kc * kTileRows + p * kTileRows + r] = value(src[t * kTileRows + r]);
       }
     }
     for (int64_t ib = whole * kTileRows; ib < mc; ib += kTileRows) {
