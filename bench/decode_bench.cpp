@@ -88,8 +88,14 @@ int main(int argc, char** argv) {
       bytes[m] = keel::nn::Generator(*models[m]).cache_bytes_per_token();
     }
     if (json) {
-      std::string cpu;  // a JSON string's body: quotes and backslashes escaped
+      std::string cpu;  // a JSON string's body: quotes, backslashes and control characters escaped
       for (char ch : cpu_model()) {
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
+          cpu += escaped;
+          continue;
+        }
         if (ch == '"' || ch == '\\') cpu += '\\';
         cpu += ch;
       }

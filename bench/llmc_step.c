@@ -1,5 +1,5 @@
 // One GPT-2 training step of llm.c's CPU trainer (train_gpt2.c), timed at a chosen B and T on a
-// randomly initialized model of GPT-2 124M's shape, for bench/gpt2_vs_llmc.sh. llm.c is not part
+// randomly initialized model of GPT-2 124M's shape, for bench/gpt2_vs_llmc.py. llm.c is not part
 // of keel: this file is compiled against a checkout of its public repository that the user
 // passes in (-I LLMC_DIR); TESTING leaves out its main. A step is what llm.c's own main runs:
 // gpt2_forward, gpt2_zero_grad, gpt2_backward, gpt2_update (AdamW, no gradient clipping).

@@ -16,6 +16,9 @@ TEST(CpuInfo, NamesTheModelAndTheVectorExtensionsThatPickTheKernels) {
   EXPECT_EQ(describe_cpu("model name\t: AMD EPYC 7R13\nflags\t: avx2 fma\n", 2),
             "AMD EPYC 7R13 (AVX2, FMA), 2 logical CPUs");
   EXPECT_EQ(describe_cpu("", 1), "unknown CPU (flags unknown), 1 logical CPUs");
+  // Tabs between flags, a CR and trailing blanks after the name, a count nobody could tell.
+  EXPECT_EQ(describe_cpu("model name\t:\tIntel Xeon  \r\nflags\t: fma\tavx2\tavx512f\n", 0),
+            "Intel Xeon (AVX2, FMA, AVX-512), logical CPUs unknown");
 }
 
 TEST(CpuInfo, ThisMachineIsDescribed) {

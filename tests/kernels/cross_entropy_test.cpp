@@ -58,10 +58,13 @@ struct CeCase {
   float z_loss, cap;
 };
 
-// Fused chunked kernel vs the naive one; vocab 70000 forces two chunks with a ragged last one.
+// Fused chunked kernel vs the naive one. Two cases run several chunks with a ragged last one:
+// 270 rows at vocab 36,000 (chunks of 256, the floor) and 4,100 at vocab 2,048 (chunks of 4,096,
+// the 8 Mi-logit budget), so rows past the first chunk, dw summed over chunks and a short last
+// chunk are all reached.
 TEST(CrossEntropyKernel, MatchesNaive) {
-  const CeCase cases[] = {{9, 12, 37, 0.f, 0.f}, {9, 12, 37, 1e-3f, 0.f}, {6, 8, 50, 1e-2f, 5.f},
-                          {130, 16, 70000, 1e-4f, 0.f}};
+  const CeCase cases[] = {{9, 12, 37, 0.f, 0.f},          {9, 12, 37, 1e-3f, 0.f}, {6, 8, 50, 1e-2f, 5.f},
+                          {270, 16, 36000, 1e-4f, 0.f}, {4100, 8, 2048, 0.f, 0.f}};
   for (const CeCase& cs : cases) {
     const auto h = random_vector(size_t(cs.n * cs.c), 1, -1.f, 1.f), w = random_vector(size_t(cs.vocab * cs.c), 2);
     std::vector<int32_t> tg(size_t(cs.n));

@@ -406,9 +406,9 @@ void register_bench(CLI::App& app) {
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;
       out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;
+      out["cpu"] = cpu_description();  // model, vector extensions, logical CPUs
       // The code that ran, which the CPU's flags alone do not say: the build's block microkernel
       // (-march) and oneDNN's ISA under ONEDNN_MAX_CPU_ISA.
-      out["cpu"] = cpu_description();
       out["kernels"] = {{"block_gemm", kernels::block_gemm_isa()},
                         {"gemm_backend", kernels::gemm_backend_isa()},
                         {"bf16_gemm_native", kernels::bf16_gemm_native_available()}};

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 namespace keel {
 
@@ -26,12 +27,16 @@ inline std::string describe_cpu(std::string_view cpuinfo, unsigned logical_cpus)
     if (colon == std::string_view::npos) continue;
     std::string_view key = line.substr(0, colon), value = line.substr(colon + 1);
     while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.remove_suffix(1);
-    while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t' || value.back() == '\r'))
+      value.remove_suffix(1);
     if (key == "model name" && !have_model) {
       model = std::string(value);
       have_model = true;
     } else if (key == "flags" && !have_flags) {
       flags.assign(1, ' ').append(value).push_back(' ');  // every flag between spaces
+      for (char& ch : flags)
+        if (ch == '\t') ch = ' ';
       have_flags = true;
     }
   }
@@ -54,7 +59,9 @@ inline std::string describe_cpu(std::string_view cpuinfo, unsigned logical_cpus)
     isa = "flags unknown";
   }
   std::ostringstream out;
-  out << model << " (" << isa << "), " << logical_cpus << " logical CPUs";
+  out << model << " (" << isa << "), ";
+  if (logical_cpus > 0) out << logical_cpus << " logical CPUs";
+  else out << "logical CPUs unknown";  // what std::thread::hardware_concurrency says when it cannot tell
   return out.str();
 }
 

@@ -245,7 +245,8 @@ constexpr int64_t kPackASlack = 8;
 
 // alpha·op(A)[i0 .. i0+mc) × [p0 .. p0+kc) -> row tiles of kTileRows, each kc steps of kTileRows
 // floats (rows past mc zero): the transposed-A form the tiles read with lda = kTileRows. Whole
-// tiles move 8 floats a store, each store's last two floats overwritten by the next step's.
+// tiles move 8 floats a store, each store's last two floats overwritten by the next step's (a
+// transposed A's last step stores 6).
 // Round: alpha·bf16(A), rounded in the registers that move it.
 template <bool Round>
 void pack_a_as(bool trans_a, const float* a, int64_t lda, int64_t m, int64_t i0, int64_t mc, int64_t p0, int64_t kc,

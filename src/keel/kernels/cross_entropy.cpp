@@ -19,9 +19,9 @@ namespace {
 
 // Rows per chunk: about 8 Mi logits (32 MiB) per chunk, and at least 256 rows. Every chunk
 // re-reads and re-writes all of dw (vocab × hidden) in a weight-gradient product whose inner
-// dimension is the chunk's rows, and its logits and dh products have that many rows: at 64 rows
-// (the floor before) a vocabulary of 151,936 ran the step's GEMMs at 261-271 GFLOP/s, at 256 at
-// 324-332, 1.17-1.23x the tokens/s of a d256 model, 1.08-1.12x at GPT-2's 50,257
+// dimension is the chunk's rows, and its logits and dh products have that many rows. With a
+// 64-row floor (before) a d256 model with a vocabulary of 151,936 ran its step's GEMMs at
+// 261-271 GFLOP/s, with 256 at 324-338: 1.16x the tokens/s, and 1.08x at GPT-2's 50,257
 // (docs/performance.md). The price is the buffer: 256 rows of 151,936 logits are 155 MB.
 int64_t chunk_rows(int64_t n, int64_t vocab) {
   const int64_t rows = std::clamp<int64_t>((int64_t(1) << 23) / std::max<int64_t>(vocab, 1), 256, 4096);
@@ -45,7 +45,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
   std::vector<double> row_ce(static_cast<size_t>(rows)), row_z(static_cast<size_t>(rows));
   // Under native bf16 every product rounds its operands to bf16 words first: the weight, which
   // each chunk reads twice (the logits and dh), is rounded once per call instead (at Qwen3-0.6B's
-  // vocabulary, 1 × 1,024 tokens in 16 chunks: 31 passes over 156 M values fewer a step). The same
+  // vocabulary, 1 × 1,024 tokens in 4 chunks: 7 passes over 156 M values fewer a step). The same
   // words, so the same bits.
   thread_local std::vector<uint16_t> w_words_buffer;
   const uint16_t* w_words = nullptr;
