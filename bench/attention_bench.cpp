@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include "keel/core/cpu_info.hpp"
 #include "keel/kernels/attention.hpp"
 #include "keel/kernels/block_gemm.hpp"
 
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     tb.push_back(std::chrono::duration<double>(t2 - t1).count());
   }
   const double f = median(tf), b = median(tb);
-  std::printf("CPU: %s; microkernel: %s; threads %d; B %ld T %ld H %ld Hkv %ld Dk %ld Dv %ld\n", cpu_model().c_str(),
+  std::printf("CPU: %s; microkernel: %s; threads %d; B %ld T %ld H %ld Hkv %ld Dk %ld Dv %ld\n", keel::cpu_description().c_str(),
               keel::kernels::block_gemm_isa(), omp_get_max_threads(), long(B), long(T), long(H), long(Hkv), long(Dk),
               long(Dv));
   std::printf("forward  %8.3f ms  %6.1f GFLOP/s\nbackward %8.3f ms  %6.1f GFLOP/s\n", f * 1e3, fwd / f * 1e-9,

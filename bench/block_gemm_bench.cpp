@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include "keel/core/cpu_info.hpp"
 #include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/gemm.hpp"
 
@@ -36,7 +36,7 @@ double seconds_per_call(F&& run, int calls) {
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 9;
   omp_set_num_threads(1);
-  std::printf("CPU: %s; microkernel: %s; one thread, %d interleaved repeats\n", cpu_model().c_str(),
+  std::printf("CPU: %s; microkernel: %s; one thread, %d interleaved repeats\n", keel::cpu_description().c_str(),
               keel::kernels::block_gemm_isa(), repeats);
   const Case cases[] = {
       {"S = Q.Kt  (64x64x64)", false, false, 64, 64, 64}, {"O += P.V  (64x64x64)", false, true, 64, 64, 64},

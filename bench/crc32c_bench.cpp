@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include "keel/core/cpu_info.hpp"
 #include "keel/core/crc32c.hpp"
 #include "keel/data/shards.hpp"
 
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     b = static_cast<unsigned char>(x);
   }
-  std::printf("CPU: %s; CRC32 instruction: %s\n", cpu_model().c_str(), keel::crc32c_hardware_available() ? "yes" : "no");
+  std::printf("CPU: %s; CRC32 instruction: %s\n", keel::cpu_description().c_str(), keel::crc32c_hardware_available() ? "yes" : "no");
   std::vector<double> table, hardware, ratio;
   uint32_t sink = 0;
   for (int rep = 0; rep < 5; ++rep) {

@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include <nlohmann/json.hpp>
+
 #include "keel/arch/config_file.hpp"
+#include "keel/core/cpu_info.hpp"
 #include "keel/core/denormals.hpp"
 #include "keel/core/error.hpp"
 #include "keel/nn/generator.hpp"
@@ -88,18 +90,8 @@ int main(int argc, char** argv) {
       bytes[m] = keel::nn::Generator(*models[m]).cache_bytes_per_token();
     }
     if (json) {
-      std::string cpu;  // a JSON string's body: quotes, backslashes and control characters escaped
-      for (char ch : cpu_model()) {
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
-          cpu += escaped;
-          continue;
-        }
-        if (ch == '"' || ch == '\\') cpu += '\\';
-        cpu += ch;
-      }
-      std::printf("{\"cpu\": \"%s\", \"prompt\": %lld, \"new_tokens\": %lld, \"repeats\": %lld, \"models\": [",
+      const std::string cpu = nlohmann::json(keel::cpu_description()).dump();  // quoted and escaped
+      std::printf("{\"cpu\": %s, \"prompt\": %lld, \"new_tokens\": %lld, \"repeats\": %lld, \"models\": [",
                   cpu.c_str(), (long long)prompt_len, (long long)new_tokens, (long long)repeats);
       for (size_t m = 0; m < 2; ++m) {
         std::printf("%s{\"config\": \"%s\", \"attention\": \"%s\", \"decode_tokens_per_s\": %.1f, "
@@ -111,7 +103,7 @@ int main(int argc, char** argv) {
       std::printf("], \"decode_ratio\": %.3f, \"cache_ratio\": %.3f}\n", decode[0] / decode[1],
                   static_cast<double>(bytes[0]) / static_cast<double>(bytes[1]));
     } else {
-      std::printf("CPU: %s\n", cpu_model().c_str());
+      std::printf("CPU: %s\n", keel::cpu_description().c_str());
       for (size_t m = 0; m < 2; ++m) {
         std::printf("%-4s %-50s decode %8.1f tok/s  prefill %9.1f tok/s  cache %6lld B/token\n",
                     std::string(keel::arch::to_string(models[m]->spec().attention.kind)).c_str(), configs[m].c_str(),

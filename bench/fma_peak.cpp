@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "cpu_model.hpp"
+#include "keel/core/cpu_info.hpp"
 
 namespace {
 
@@ -79,7 +79,7 @@ double measure(Kernel kernel, int threads, double seconds) {
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 0.5;
   const int team = omp_get_max_threads();
-  std::printf("CPU: %s; fp32 FMA peak, %d independent chains per thread, best of 3\n", cpu_model().c_str(),
+  std::printf("CPU: %s; fp32 FMA peak, %d independent chains per thread, best of 3\n", keel::cpu_description().c_str(),
               kChains);
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {

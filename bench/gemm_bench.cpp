@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include "keel/core/cpu_info.hpp"
 
 #if defined(KEEL_BENCH_KEEL)
 #include "keel/kernels/gemm.hpp"
@@ -98,7 +98,7 @@ double time_case(const Case& cs, Mode mode, std::vector<float>& a, std::vector<f
 }  // namespace
 
 int main() {
-  std::printf("CPU: %s\nlibrary: %s  omp_max_threads=%d\n", cpu_model().c_str(), library_name(), omp_get_max_threads());
+  std::printf("CPU: %s\nlibrary: %s  omp_max_threads=%d\n", keel::cpu_description().c_str(), library_name(), omp_get_max_threads());
   const int64_t tokens = 2048;
   std::vector<Case> cases;
   for (int64_t in : {256, 512})

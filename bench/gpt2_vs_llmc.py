@@ -24,7 +24,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import train_step_vs_pytorch as tsv  # noqa: E402  (cpu_description)
+import train_step_vs_pytorch as tsv  # noqa: E402  (run_keel, cpu_description)
 
 
 def build_llmc(llmc_dir, out):
@@ -38,10 +38,11 @@ def build_llmc(llmc_dir, out):
     return " ".join(cmd)
 
 
-def run_json(args, threads):
+def run_llmc(binary, batch, seq, steps, warmup, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    out = subprocess.run([binary, str(batch), str(seq), str(steps), str(warmup)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])  # llm.c prints its own lines before ours
 
 
 def main():
@@ -58,18 +59,15 @@ def main():
     args = ap.parse_args()
     llmc_bin = os.path.join(ROOT, "build", "llmc_step")
     build_cmd = build_llmc(os.path.abspath(args.llmc), llmc_bin)
-    keel_cmd = [args.keel, "bench", "--config", os.path.join(ROOT, "configs/hf/gpt2.json"), "--batch",
-                str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                "--json"]
-    llmc_cmd = [llmc_bin, str(args.batch), str(args.seq), str(args.steps), str(args.warmup)]
     cpu = tsv.cpu_description()
     if not args.json:
         print(f"CPU: {cpu}; {args.threads} threads each; B {args.batch} x T {args.seq}; llm.c built with: {build_cmd}",
               flush=True)
     pairs = []
     for r in range(args.repeat):
-        k = run_json(keel_cmd, args.threads)
-        c = run_json(llmc_cmd, args.threads)
+        k = tsv.run_keel(args.keel, "configs/hf/gpt2.json", args.batch, args.seq, args.steps, args.warmup,
+                         args.threads, "adamw")
+        c = run_llmc(llmc_bin, args.batch, args.seq, args.steps, args.warmup, args.threads)
         pairs.append((k, c))
         if not args.json:
             print(f"pair {r + 1}: keel {k['tokens_per_s']:.1f} tok/s, peak {k['peak_rss_mb']:.0f} MB; llm.c "

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include "keel/core/cpu_info.hpp"
 #include "keel/core/error.hpp"
 #include "keel/data/brown_corpus.hpp"
 #include "keel/data/tokenizer.hpp"
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       for (const std::string& t : texts) tokens += tok.encode(t).size();
       best = std::min(best, std::chrono::duration<double>(clock::now() - start).count());
     }
-    std::printf("CPU: %s\n", cpu_model().c_str());
+    std::printf("CPU: %s\n", keel::cpu_description().c_str());
     std::printf("keel: %zu files, %.2f MB, %zu tokens, best of %d: %.3f s, %.2f MB/s, %.2f M tokens/s (load %.2f s)\n",
                 texts.size(), bytes / 1e6, tokens, repeats, best, bytes / 1e6 / best, tokens / 1e6 / best, load_s);
   } catch (const keel::Error& e) {
