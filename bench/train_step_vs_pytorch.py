@@ -20,8 +20,17 @@ run is its own process, so each peak RSS is its own.
 
     /usr/bin/python3 bench/train_step_vs_pytorch.py [--keel build/release/keel] [--cases small,gpt2,large]
         [--repeat 5] [--peer auto|reference|plain|plain_foreach|plain_fused] [--blas auto|openmp|pthread]
-        [--alloc auto|glibc|glibc_kept|jemalloc_kept]
+        [--alloc auto|glibc|glibc_kept|jemalloc_kept] [--isa as-is|native|avx2]
+
+--isa says what code both sides run. as-is (the default) leaves the environment alone. native
+removes the caps some machines set in every shell (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE,
+ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), so each side runs what the CPU has. avx2 races what an
+AVX2-only CPU (a Zen 3) runs, on any newer x86-64 machine: keel built for AVX2 (build/avx2/keel
+unless --keel says otherwise: `cmake --preset avx2 && cmake --build --preset avx2 --target keel`)
+with oneDNN capped at AVX2, and PyTorch with ATen's AVX2 kernels and OpenBLAS's Haswell ones
+(OPENBLAS_L2_SIZE, if set, is left as it is).
 """
+
 import argparse
 import json
 import os
@@ -31,6 +40,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_KEEL = os.path.join(ROOT, "build/release/keel")
 
 CASES = {
     # name: (config, batch, seq, optimizer)
@@ -222,6 +232,35 @@ def cpu_description():
 # Environment variables that hold code below what the CPU has: oneDNN's (keel's GEMMs), ATen's
 # vectorized kernels and OpenBLAS's kernel choice (PyTorch's). The flags alone would not say.
 ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE")
+# --isa avx2: the caps that make both sides run an AVX2-only CPU's code (ISA_CAPS, in order).
+AVX2_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
+
+
+def apply_isa(isa, keel):
+    """Sets this process's environment (which both sides inherit) for --isa; returns the keel
+    binary to race."""
+    if isa == "as-is":
+        return keel
+    for k in ISA_CAPS:
+        os.environ.pop(k, None)
+    if isa == "native":
+        os.environ.pop("OPENBLAS_L2_SIZE", None)  # OpenBLAS reads the CPU's own cache sizes
+        return keel
+    os.environ.update(AVX2_CAPS)
+    if keel == DEFAULT_KEEL:
+        keel = os.path.join(ROOT, "build/avx2/keel")
+    if not os.access(keel, os.X_OK):
+        raise SystemExit(f"train_step_vs_pytorch.py: --isa avx2 races keel built for AVX2, and {keel} is not there; "
+                         "build it with `cmake --preset avx2 && cmake --build --preset avx2 --target keel`")
+    return keel
+
+
+def check_keel_isa(isa, keel_row):
+    """--isa avx2 with a keel binary whose own kernels are AVX-512 would race the wrong code."""
+    kernel = keel_row.get("kernels", {}).get("block_gemm", "")
+    if isa == "avx2" and not kernel.startswith("avx2"):
+        raise SystemExit(f"train_step_vs_pytorch.py: --isa avx2, but this keel binary runs its {kernel or 'unknown'} "
+                         "block microkernel: pass --keel with a binary built by `cmake --preset avx2`")
 
 
 def median(xs):
@@ -279,6 +318,7 @@ def race(args, case):
     for _ in range(args.repeat):
         ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
                            precision))
+        check_keel_isa(args.isa, ks[-1])
         ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision,
                             peer, blas, alloc))
         if precision == "bf16":
@@ -343,7 +383,7 @@ def main():
         torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], a[6], a[7])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keel", default=os.path.join(ROOT, "build/release/keel"))
+    ap.add_argument("--keel", default=DEFAULT_KEEL)
     ap.add_argument("--cases", default="small,gpt2,large,muon")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -356,7 +396,10 @@ def main():
                     help="allocator under PyTorch (auto: the fastest measured; see ALLOCATORS)")
     ap.add_argument("--search-repeat", type=int, default=2, help="runs of each candidate when --peer/--blas is auto")
     ap.add_argument("--json", action="store_true", help="print one JSON object per case")
+    ap.add_argument("--isa", default="as-is", choices=["as-is", "native", "avx2"],
+                    help="the code both sides run: as the environment says, the CPU's own, or an AVX2-only CPU's")
     args = ap.parse_args()
+    args.keel = apply_isa(args.isa, args.keel)
     if not args.json:
         print(f"CPU: {cpu_description()}; {args.threads} threads each side", flush=True)
     for case in args.cases.split(","):

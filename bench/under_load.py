@@ -14,7 +14,7 @@ each a fresh process timing --steps steps after --warmup; shares are medians ove
 The fair share of a 2-thread trainer against one extra runnable task on 2 cores is 50% or more.
 
     /usr/bin/python3 bench/under_load.py [--keel build/release/keel] [--config bench/configs/qwen3_small.json]
-        [--loads idle,busy,stream] [--repeat 3] [--json]
+        [--loads idle,busy,stream] [--repeat 3] [--isa as-is|native|avx2] [--json]
 """
 import argparse
 import json
@@ -55,8 +55,10 @@ def measure(args, load, peer, blas, alloc):
     try:
         time.sleep(0.5 if proc else 0)
         for _ in range(args.repeat):
-            ks.append(tsv.run_keel(args.keel, args.config, args.batch, args.seq, args.steps, args.warmup,
-                                   args.threads, "adamw", extra=args.keel_args)["tokens_per_s"])
+            k = tsv.run_keel(args.keel, args.config, args.batch, args.seq, args.steps, args.warmup, args.threads,
+                             "adamw", extra=args.keel_args)
+            tsv.check_keel_isa(args.isa, k)
+            ks.append(k["tokens_per_s"])
             ts.append(tsv.run_torch(args.config, args.batch, args.seq, args.steps, args.warmup, args.threads,
                                     "adamw", "fp32", peer, blas, alloc)["tokens_per_s"])
     finally:
@@ -66,7 +68,7 @@ def measure(args, load, peer, blas, alloc):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keel", default=os.path.join(ROOT, "build/release/keel"))
+    ap.add_argument("--keel", default=tsv.DEFAULT_KEEL)
     ap.add_argument("--config", default="bench/configs/qwen3_small.json")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
@@ -81,7 +83,10 @@ def main():
                     choices=list(tsv.ALLOCATORS), help="allocator under PyTorch (train_step_vs_pytorch.ALLOCATORS)")
     ap.add_argument("--keel-args", default="", help="extra arguments for keel bench, space-separated")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--isa", default="as-is", choices=["as-is", "native", "avx2"],
+                    help="the code both sides run (train_step_vs_pytorch.py --isa)")
     args = ap.parse_args()
+    args.keel = tsv.apply_isa(args.isa, args.keel)
     args.keel_args = args.keel_args.split()
     loads = args.loads.split(",")
     if "idle" not in loads:
