@@ -36,6 +36,7 @@ TEST(AttentionKernel, ForwardMatchesReference) {
   const AttentionDims cases[] = {dims(2, 150, 4, 4, 24, 16, 0.f), dims(1, 150, 4, 2, 24, 24, 0.f),
                                  dims(2, 77, 8, 2, 16, 20, 0.f),  dims(1, 150, 4, 1, 24, 16, 3.f),
                                  dims(3, 1, 2, 1, 8, 8, 0.f),     dims(1, 64, 2, 2, 64, 64, 2.f),
+                                 dims(2, 1, 4, 2, 16, 16, 2.f),  // one token: the decoding kernel, capped
                                  // odd widths (every microkernel tail), values wider than one
                                  // 64-column chunk of the block product
                                  dims(1, 130, 2, 1, 13, 7, 1.5f), dims(2, 100, 2, 2, 32, 80, 0.f)};
@@ -63,14 +64,17 @@ TEST(AttentionKernel, ForwardMatchesReference) {
 // Also with keys and values interleaved in one row (MLA's absorbed cache: values are the first
 // v_dim floats of each key row).
 TEST(AttentionKernel, CacheOffsetMatchesFullAttention) {
-  struct Case { int64_t prefix, t, h, hkv, dk, dv; bool shared_rows; };
+  struct Case { int64_t prefix, t, h, hkv, dk, dv; bool shared_rows; float cap = 0.f; };
   const Case cases[] = {{0, 5, 4, 2, 16, 16, false}, {70, 1, 4, 2, 24, 24, false}, {129, 3, 4, 1, 12, 8, false},
                         {63, 1, 8, 1, 40, 32, true},  {5, 70, 2, 1, 20, 16, true},
-                        {100, 90, 4, 2, 13, 80, false}};  // a prefill of several blocks after a cache of several
+                        {100, 90, 4, 2, 13, 80, false},  // a prefill of several blocks after a cache of several
+                        // soft-capped (Gemma 2): one token decoded (decode_step's tanh), and a few
+                        {70, 1, 4, 2, 24, 24, false, 2.f}, {129, 1, 8, 1, 40, 32, true, 1.5f},
+                        {129, 3, 4, 1, 12, 8, false, 3.f}};
   for (const Case& c : cases) {
     const int64_t total = c.prefix + c.t;
-    const std::string tag = "P=" + std::to_string(c.prefix) + " T=" + std::to_string(c.t);
-    AttentionDims full = dims(1, total, c.h, c.hkv, c.dk, c.dv, 0.f);
+    const std::string tag = "P=" + std::to_string(c.prefix) + " T=" + std::to_string(c.t) + " cap=" + std::to_string(c.cap);
+    AttentionDims full = dims(1, total, c.h, c.hkv, c.dk, c.dv, c.cap);
     const std::vector<float> q = random_vector(size_t(total * c.h * c.dk), 21, -2.f, 2.f);
     // Rows of the cache: [k (hkv·dk)] or, shared, one row of dk floats whose first dv are v.
     const int64_t row = c.shared_rows ? c.dk : c.hkv * c.dk;
@@ -86,7 +90,7 @@ TEST(AttentionKernel, CacheOffsetMatchesFullAttention) {
     std::vector<float> mx(size_t(c.h), -std::numeric_limits<float>::infinity());
     attention_reference_forward(q.data(), k.data(), v.data(), out_full.data(), lse_full.data(), mx.data(), full);
 
-    AttentionDims step = dims(1, c.t, c.h, c.hkv, c.dk, c.dv, 0.f);
+    AttentionDims step = dims(1, c.t, c.h, c.hkv, c.dk, c.dv, c.cap);
     step.q_offset = c.prefix;
     const float* vp = v.data();
     if (c.shared_rows) {
