@@ -3,8 +3,8 @@
 # config, interleaved A, B, A, B, ... REPEATS times. Prints the CPU (as the new binary's
 # `bench --json` describes it: model, vector extensions, logical CPUs), then per config the
 # median tokens/s of each side with its range and the median of the pairs' ratios new/old with
-# its range (a pair is one old run and the new run right after it, so a slow minute of a shared
-# machine moves both sides of a pair together). Run on an otherwise idle machine.
+# its range (a pair is one old and one new run back to back, the order alternating, so a slow
+# minute of a shared machine moves both sides of a pair together). Run on an otherwise idle machine.
 # Usage: bench/binary_ab.sh OLD_KEEL NEW_KEEL [REPEATS=5] [CONFIG...]
 # AB_ARGS: more `keel bench` arguments for both sides, e.g. AB_ARGS="--precision bf16".
 set -euo pipefail
@@ -23,8 +23,14 @@ printed_cpu=0
 for cfg in "${configs[@]}"; do
   a=(); b=()
   for ((r = 0; r < repeats; ++r)); do
-    a+=("$(run "$old" "$cfg" | cut -f1)")
-    line="$(run "$new" "$cfg")"
+    # The order alternates from pair to pair, so neither side always runs first.
+    if ((r % 2 == 0)); then
+      a+=("$(run "$old" "$cfg" | cut -f1)")
+      line="$(run "$new" "$cfg")"
+    else
+      line="$(run "$new" "$cfg")"
+      a+=("$(run "$old" "$cfg" | cut -f1)")
+    fi
     b+=("$(cut -f1 <<<"$line")")
     if ((printed_cpu == 0)); then
       cpu="$(cut -f2 <<<"$line")"

@@ -238,7 +238,9 @@ AVX2_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "OPENB
 
 def apply_isa(isa, keel):
     """Sets this process's environment (which both sides inherit) for --isa; returns the keel
-    binary to race."""
+    binary to race: `keel` if given (--keel), else the release build, or the avx2 one for avx2."""
+    if keel is None:
+        keel = os.path.join(ROOT, "build/avx2/keel") if isa == "avx2" else DEFAULT_KEEL
     if isa == "as-is":
         return keel
     for k in ISA_CAPS:
@@ -247,8 +249,6 @@ def apply_isa(isa, keel):
         os.environ.pop("OPENBLAS_L2_SIZE", None)  # OpenBLAS reads the CPU's own cache sizes
         return keel
     os.environ.update(AVX2_CAPS)
-    if keel == DEFAULT_KEEL:
-        keel = os.path.join(ROOT, "build/avx2/keel")
     if not os.access(keel, os.X_OK):
         raise SystemExit(f"train_step_vs_pytorch.py: --isa avx2 races keel built for AVX2, and {keel} is not there; "
                          "build it with `cmake --preset avx2 && cmake --build --preset avx2 --target keel`")
@@ -256,11 +256,21 @@ def apply_isa(isa, keel):
 
 
 def check_keel_isa(isa, keel_row):
-    """--isa avx2 with a keel binary whose own kernels are AVX-512 would race the wrong code."""
+    """--isa avx2 with a keel binary whose own kernels are AVX-512 would race the wrong code, and
+    --isa native with an AVX2 build on a CPU that has AVX-512 too."""
     kernel = keel_row.get("kernels", {}).get("block_gemm", "")
     if isa == "avx2" and not kernel.startswith("avx2"):
         raise SystemExit(f"train_step_vs_pytorch.py: --isa avx2, but this keel binary runs its {kernel or 'unknown'} "
                          "block microkernel: pass --keel with a binary built by `cmake --preset avx2`")
+    if isa == "native" and kernel != "avx512" and "AVX-512" in cpu_description():
+        raise SystemExit(f"train_step_vs_pytorch.py: --isa native on an AVX-512 CPU, but this keel binary runs its "
+                         f"{kernel or 'unknown'} block microkernel: pass --keel with the release build")
+
+
+def check_keel_isa_first(isa, keel, threads):
+    """check_keel_isa on one short step, before any peer search spends minutes."""
+    if isa != "as-is":
+        check_keel_isa(isa, run_keel(keel, "bench/configs/qwen3_small.json", 1, 64, 1, 0, threads, "adamw"))
 
 
 def median(xs):
@@ -383,7 +393,7 @@ def main():
         torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], a[6], a[7])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keel", default=DEFAULT_KEEL)
+    ap.add_argument("--keel", default=None, help="keel binary (default: build/release/keel; build/avx2/keel with --isa avx2)")
     ap.add_argument("--cases", default="small,gpt2,large,muon")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -400,6 +410,7 @@ def main():
                     help="the code both sides run: as the environment says, the CPU's own, or an AVX2-only CPU's")
     args = ap.parse_args()
     args.keel = apply_isa(args.isa, args.keel)
+    check_keel_isa_first(args.isa, args.keel, args.threads)
     if not args.json:
         print(f"CPU: {cpu_description()}; {args.threads} threads each side", flush=True)
     for case in args.cases.split(","):

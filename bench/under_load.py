@@ -68,7 +68,7 @@ def measure(args, load, peer, blas, alloc):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keel", default=tsv.DEFAULT_KEEL)
+    ap.add_argument("--keel", default=None, help="keel binary (default: build/release/keel; build/avx2/keel with --isa avx2)")
     ap.add_argument("--config", default="bench/configs/qwen3_small.json")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
@@ -87,6 +87,7 @@ def main():
                     help="the code both sides run (train_step_vs_pytorch.py --isa)")
     args = ap.parse_args()
     args.keel = tsv.apply_isa(args.isa, args.keel)
+    tsv.check_keel_isa_first(args.isa, args.keel, args.threads)
     args.keel_args = args.keel_args.split()
     loads = args.loads.split(",")
     if "idle" not in loads:

@@ -24,6 +24,7 @@ std::vector<float> gradients(size_t n, unsigned seed) {
 // (none, one partial, exactly one, one and a value, several and a tail), on teams of 1, 2 and 3
 // threads: the same bits on every team, within 1e-12 of the running sum.
 TEST(GradClip, SumOfSquaresMatchesARunningSumOnEveryTeam) {
+  const int saved_threads = omp_get_max_threads();
   for (size_t n : {size_t(0), size_t(1), size_t(65535), size_t(65536), size_t(65537), size_t(3 * 65536 + 17)}) {
     const std::vector<float> g = gradients(n, unsigned(n) + 1);
     long double want = 0;
@@ -37,8 +38,8 @@ TEST(GradClip, SumOfSquaresMatchesARunningSumOnEveryTeam) {
       if (threads == 1) first = got;
       else EXPECT_EQ(std::memcmp(&got, &first, sizeof got), 0) << tag << ": not the one-thread bits";
     }
-    omp_set_num_threads(2);
   }
+  omp_set_num_threads(saved_threads);
 }
 
 // clip_grad_norm as torch.nn.utils.clip_grad_norm_: returns the norm before clipping; above
