@@ -267,10 +267,20 @@ def check_keel_isa(isa, keel_row):
                          f"{kernel or 'unknown'} block microkernel: pass --keel with the release build")
 
 
-def check_keel_isa_first(isa, keel, threads):
-    """check_keel_isa on one short step, before any peer search spends minutes."""
-    if isa != "as-is":
-        check_keel_isa(isa, run_keel(keel, "bench/configs/qwen3_small.json", 1, 64, 1, 0, threads, "adamw"))
+def add_keel_arguments(ap):
+    """--keel and --isa, shared by the scripts that race keel against PyTorch."""
+    ap.add_argument("--keel", default=None, help="keel binary (default: build/release/keel; build/avx2/keel with --isa avx2)")
+    ap.add_argument("--isa", default="as-is", choices=["as-is", "native", "avx2"],
+                    help="the code both sides run: as the environment says, the CPU's own, or an AVX2-only CPU's")
+
+
+def resolve_keel(args):
+    """Applies --isa and sets args.keel to the binary to race, checked on one short step (the
+    binary does not change during a run) before any peer search spends minutes."""
+    args.keel = apply_isa(args.isa, args.keel)
+    if args.isa != "as-is":
+        check_keel_isa(args.isa, run_keel(args.keel, "bench/configs/qwen3_small.json", 1, 64, 1, 0, args.threads,
+                                          "adamw"))
 
 
 def median(xs):
@@ -328,7 +338,6 @@ def race(args, case):
     for _ in range(args.repeat):
         ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
                            precision))
-        check_keel_isa(args.isa, ks[-1])
         ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision,
                             peer, blas, alloc))
         if precision == "bf16":
@@ -393,7 +402,7 @@ def main():
         torch_worker(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], a[6], a[7])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keel", default=None, help="keel binary (default: build/release/keel; build/avx2/keel with --isa avx2)")
+    add_keel_arguments(ap)
     ap.add_argument("--cases", default="small,gpt2,large,muon")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -406,11 +415,8 @@ def main():
                     help="allocator under PyTorch (auto: the fastest measured; see ALLOCATORS)")
     ap.add_argument("--search-repeat", type=int, default=2, help="runs of each candidate when --peer/--blas is auto")
     ap.add_argument("--json", action="store_true", help="print one JSON object per case")
-    ap.add_argument("--isa", default="as-is", choices=["as-is", "native", "avx2"],
-                    help="the code both sides run: as the environment says, the CPU's own, or an AVX2-only CPU's")
     args = ap.parse_args()
-    args.keel = apply_isa(args.isa, args.keel)
-    check_keel_isa_first(args.isa, args.keel, args.threads)
+    resolve_keel(args)
     if not args.json:
         print(f"CPU: {cpu_description()}; {args.threads} threads each side", flush=True)
     for case in args.cases.split(","):

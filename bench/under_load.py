@@ -55,10 +55,8 @@ def measure(args, load, peer, blas, alloc):
     try:
         time.sleep(0.5 if proc else 0)
         for _ in range(args.repeat):
-            k = tsv.run_keel(args.keel, args.config, args.batch, args.seq, args.steps, args.warmup, args.threads,
-                             "adamw", extra=args.keel_args)
-            tsv.check_keel_isa(args.isa, k)
-            ks.append(k["tokens_per_s"])
+            ks.append(tsv.run_keel(args.keel, args.config, args.batch, args.seq, args.steps, args.warmup,
+                                   args.threads, "adamw", extra=args.keel_args)["tokens_per_s"])
             ts.append(tsv.run_torch(args.config, args.batch, args.seq, args.steps, args.warmup, args.threads,
                                     "adamw", "fp32", peer, blas, alloc)["tokens_per_s"])
     finally:
@@ -68,7 +66,7 @@ def measure(args, load, peer, blas, alloc):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keel", default=None, help="keel binary (default: build/release/keel; build/avx2/keel with --isa avx2)")
+    tsv.add_keel_arguments(ap)
     ap.add_argument("--config", default="bench/configs/qwen3_small.json")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
@@ -83,11 +81,8 @@ def main():
                     choices=list(tsv.ALLOCATORS), help="allocator under PyTorch (train_step_vs_pytorch.ALLOCATORS)")
     ap.add_argument("--keel-args", default="", help="extra arguments for keel bench, space-separated")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--isa", default="as-is", choices=["as-is", "native", "avx2"],
-                    help="the code both sides run (train_step_vs_pytorch.py --isa)")
     args = ap.parse_args()
-    args.keel = tsv.apply_isa(args.isa, args.keel)
-    tsv.check_keel_isa_first(args.isa, args.keel, args.threads)
+    tsv.resolve_keel(args)
     args.keel_args = args.keel_args.split()
     loads = args.loads.split(",")
     if "idle" not in loads:
