@@ -456,15 +456,22 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
   auto r = kernels::lm_head_cross_entropy(hf, lm_head_weight(), targets, n, h, spec_.vocab_size,
                                           static_cast<float>(spec_.z_loss), static_cast<float>(spec_.final_softcap),
                                           grad_scale, dhf, dw);
-  float* dx = dhf;
-  if (final_norm_) {
-    dx = arena_.alloc_zeroed(size);
-    final_norm_->backward(store_, dhf, dx, n);
-  }
   // Two buffers take turns carrying the gradient down the blocks: a block's output gradient is
   // dead once its input gradient is out (one buffer a block would add up to the forward's
-  // residual stream in a deep model).
-  float* spare = arena_.alloc(size);
+  // residual stream in a deep model). With a final norm they are the two the loss leaves dead:
+  // the norm's output hf, which only the loss read (a norm's backward reads its input), takes the
+  // norm's input gradient, and dhf, read only by that backward, is the spare; two hidden-wide
+  // buffers fewer under every block's backward.
+  float* dx = dhf;
+  float* spare = nullptr;
+  if (final_norm_) {
+    parallel_zero(hf, size);
+    final_norm_->backward(store_, dhf, hf, n);
+    dx = hf;
+    spare = dhf;
+  } else {
+    spare = arena_.alloc(size);
+  }
   for (size_t l = blocks_.size(); l-- > 0;) {
     backward_block(l, dx, spare, s);
     std::swap(dx, spare);

@@ -327,16 +327,20 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
                              3 * hidden_, true);
     return;
   }
+  float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
+  float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
+  float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   Inputs in = saved_;
+  const Arena::Mark before_heads = arena.mark();
   if (qk_norm_) {  // q and k again, as the forward made and rounded them: the same bits
     in.q = arena.alloc(static_cast<size_t>(n * q_out));
     in.k = arena.alloc(static_cast<size_t>(n * kv_out));
     normed_heads(store, in, s);
   }
-  float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
-  float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
-  float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   kernels::attention_backward(in.q, in.k, in.v, out_, lse_, d_out, dq, dk, dv, dims(s));
+  // The recomputed q and k sit above dq, dk and dv, so QK-Norm's dq_raw and dk_raw take their
+  // place rather than going on top of them.
+  arena.release(before_heads);
   kernels::rope_backward(dq, *rope_, s.batch, s.seq, heads_, head_dim_);
   kernels::rope_backward(dk, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
   const float* dq_proj = dq;
