@@ -146,11 +146,13 @@ KvCache Block::make_cache(int64_t max_rows) const {
   return attention_ ? attention_->make_cache(max_rows) : mla_->make_cache(max_rows);
 }
 
-float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
-                                bool attention) {
+void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
+                              bool attention) {
   const int64_t n = s.tokens();
   const size_t size = static_cast<size_t>(n * hidden_);
-  // Reverses Sublayer: out = wrap(x + after(f(before(x)))).
+  // Reverses Sublayer: out = wrap(x + after(f(before(x)))). grad holds ∂L/∂out on entry and is
+  // turned into ∂L/∂x in place: it is the residual path, and the branch's gradient is added into
+  // it only after the branch's last read of the gradient it starts from.
   auto f_backward = [&](const float* dy, float* dx) {
     if (attention) {
       if (attention_) attention_->backward(store, arena, dy, dx, s);
@@ -160,17 +162,16 @@ float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& are
       else moe_->backward(store, arena, dy, dx, n);
     }
   };
-  // Only dx outlives the sublayer: what it allocates after dx is given back at its end, so the
-  // attention's backward reuses the memory of the MLP's (the larger of the two, not their sum).
-  float* dx = arena.alloc(size);
+  // Everything allocated here is given back at the end, so the attention's backward reuses the
+  // memory of the MLP's (the larger of the two, not their sum).
   const Arena::Mark scratch = arena.mark();
-  const float* ds = d_out;
+  const float* ds = grad;
   if (sub.wrap) {
     float* t = arena.alloc_zeroed(size);
-    sub.wrap->backward(store, d_out, t, n);
+    sub.wrap->backward(store, grad, t, n);
+    parallel_copy(grad, t, size);  // the residual path; the branch reads t
     ds = t;
   }
-  parallel_copy(dx, ds, size);  // the residual path
   const float* dy = ds;
   if (sub.after) {
     float* t = arena.alloc_zeroed(size);
@@ -178,26 +179,31 @@ float* Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& are
     dy = t;
   }
   if (sub.before) {
+    // The branch reads dy (perhaps grad itself) and writes d_in; only the norm writes grad.
     float* d_in = arena.alloc_zeroed(size);
     f_backward(dy, d_in);
-    sub.before->backward(store, d_in, dx, n);
+    sub.before->backward(store, d_in, grad, n);
   } else {
-    f_backward(dy, dx);
+    // Post or post-sublayer norms: the branch reads wrap's or after's gradient, a buffer of its
+    // own, and accumulates into grad. Every placement has a norm (make_sublayer), so the branch
+    // never reads grad while it writes it.
+    KEEL_CHECK(dy != grad);
+    f_backward(dy, grad);
   }
   arena.release(scratch);
-  return dx;
 }
 
-float* Block::backward_mlp(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
-  return backward_sublayer(mlp_norms_, store, arena, dout, s, false);
+void Block::backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
+  backward_sublayer(mlp_norms_, store, arena, grad, s, false);
 }
 
-float* Block::backward_attention(ParameterStore& store, Arena& arena, const float* dx1, const StepShape& s) {
-  return backward_sublayer(attn_norms_, store, arena, dx1, s, true);
+void Block::backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
+  backward_sublayer(attn_norms_, store, arena, grad, s, true);
 }
 
-float* Block::backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s) {
-  return backward_attention(store, arena, backward_mlp(store, arena, dout, s), s);
+void Block::backward(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
+  backward_mlp(store, arena, grad, s);
+  backward_attention(store, arena, grad, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -380,29 +386,25 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   return pack ? packed(mlp) : mlp();
 }
 
-void TransformerModel::backward_block(size_t l, const float* dout, float* d_in, const StepShape& s) {
+void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s) {
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
-  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
-  // The backward's own temporaries are given back after each block in every mode: only dx
-  // travels on to the block below, in d_in.
+  // The backward's own temporaries are given back after each block in every mode: only grad,
+  // now the block's input gradient, travels on to the block below.
   const Arena::Mark mark = arena_.mark();
-  const float* dx = nullptr;
   if (packing_) packed_.unpack(l);  // nothing was packed under Recompute::Blocks
   switch (recompute_) {
-    case Recompute::None: dx = block.backward(store_, arena_, dout, s); break;
+    case Recompute::None: block.backward(store_, arena_, grad, s); break;
     case Recompute::Blocks:
       block.forward(store_, arena_, block_inputs_[l], s, max_logit);  // the same values again
-      dx = block.backward(store_, arena_, dout, s);
+      block.backward(store_, arena_, grad, s);
       break;
-    case Recompute::Attention: {
-      const float* dx1 = block.backward_mlp(store_, arena_, dout, s);
+    case Recompute::Attention:
+      block.backward_mlp(store_, arena_, grad, s);
       block.forward_attention(store_, arena_, block_inputs_[l], s, max_logit);
-      dx = block.backward_attention(store_, arena_, dx1, s);
+      block.backward_attention(store_, arena_, grad, s);
       break;
-    }
   }
-  std::memcpy(d_in, dx, size * sizeof(float));
   arena_.release(mark);
 }
 
@@ -451,30 +453,25 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
   for (auto& b : blocks_) {
     if (Moe* m = b->moe()) m->accumulate_counts();  // training routing steers the bias update
   }
+  const Arena::Mark before_loss_gradient = arena_.mark();
   float* dhf = arena_.alloc_zeroed(size);
   float* dw = store_.grad(lm_head_.valid() ? lm_head_ : embed_);
   auto r = kernels::lm_head_cross_entropy(hf, lm_head_weight(), targets, n, h, spec_.vocab_size,
                                           static_cast<float>(spec_.z_loss), static_cast<float>(spec_.final_softcap),
                                           grad_scale, dhf, dw);
-  // Two buffers take turns carrying the gradient down the blocks: a block's output gradient is
-  // dead once its input gradient is out (one buffer a block would add up to the forward's
-  // residual stream in a deep model). With a final norm they are the two the loss leaves dead:
-  // the norm's output hf, which only the loss read (a norm's backward reads its input), takes the
-  // norm's input gradient, and dhf, read only by that backward, is the spare; two hidden-wide
-  // buffers fewer under every block's backward.
+  // One buffer carries the gradient down the blocks, each block turning its output gradient into
+  // its input gradient in place. With a final norm it is the norm's output hf, dead once the loss
+  // has read it (a norm's backward reads its input), and dhf is given back after the norm's
+  // backward: no hidden-wide buffer beyond hf under the blocks' backward.
   float* dx = dhf;
-  float* spare = nullptr;
   if (final_norm_) {
     parallel_zero(hf, size);
     final_norm_->backward(store_, dhf, hf, n);
     dx = hf;
-    spare = dhf;
-  } else {
-    spare = arena_.alloc(size);
+    arena_.release(before_loss_gradient);
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
-    backward_block(l, dx, spare, s);
-    std::swap(dx, spare);
+    backward_block(l, dx, s);
     if (block_backward_hook_) block_backward_hook_(static_cast<int64_t>(l));
   }
   kernels::embedding_backward(tokens, dx, store_.grad(embed_), n, h, static_cast<float>(spec_.embed_scale));

@@ -34,14 +34,15 @@ class Block {
  public:
   Block(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope);
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
-  // dout: (n, hidden) -> returns dx (n, hidden) from the arena.
-  float* backward(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
+  // grad: (n, hidden), the block's output gradient on entry and its input gradient on return (the
+  // residual stream's gradient is carried in place: no buffer of its own per sublayer).
+  void backward(ParameterStore& store, Arena& arena, float* grad, const StepShape& s);
   // The two residual sublayers apart, for activation recomputation: forward = forward_mlp after
   // forward_attention, backward = backward_attention after backward_mlp.
   float* forward_attention(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   float* forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s);
-  float* backward_mlp(ParameterStore& store, Arena& arena, const float* dout, const StepShape& s);
-  float* backward_attention(ParameterStore& store, Arena& arena, const float* dx1, const StepShape& s);
+  void backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s);
+  void backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s);
   // The same sublayers for n new tokens of one sequence, attending over (and appending to) cache.
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                              KvCache& cache) const;
@@ -51,8 +52,8 @@ class Block {
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
 
  private:
-  float* backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, const float* d_out, const StepShape& s,
-                           bool attention);
+  void backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
+                         bool attention);
 
   int64_t hidden_;
   Sublayer attn_norms_, mlp_norms_;
@@ -149,9 +150,9 @@ class TransformerModel {
   float* forward_hidden(const int32_t* tokens, const StepShape& s, bool for_backward = false);
   // Block l's forward under recompute_, keeping what the backward needs; returns its output.
   float* forward_block(size_t l, float* x, const StepShape& s, bool for_backward);
-  // Block l's backward from its output gradient dout (recomputing first what forward_block
-  // dropped); its input gradient lands in d_in.
-  void backward_block(size_t l, const float* dout, float* d_in, const StepShape& s);
+  // Block l's backward (recomputing first what forward_block dropped): grad holds its output
+  // gradient on entry and its input gradient on return.
+  void backward_block(size_t l, float* grad, const StepShape& s);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
