@@ -8,7 +8,6 @@
 
 #include <omp.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -50,17 +49,13 @@ Trained train(const std::string& config, bool flush, kernels::Precision precisio
   model.initialize(5);
   model.set_precision(precision);
   const int64_t batch = 2, seq = 12, n = batch * seq;
-  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    tokens[size_t(i)] = static_cast<int32_t>((i * 31 + 7) % model.spec().vocab_size);
-    targets[size_t(i)] = static_cast<int32_t>((i * 17 + 3) % model.spec().vocab_size);
-  }
+  const two_steps::FixedBatch data(model, n);
   ParameterStore& store = model.parameters();
   optim::AdamW adamw(store, optim::AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f});
   Trained out;
   for (int step = 0; step < 4; ++step) {
     store.zero_grad();
-    out.losses.push_back(model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0f / float(n)).ce_sum);
+    out.losses.push_back(model.forward_backward(data.tokens.data(), data.targets.data(), batch, seq, 1.0f / float(n)).ce_sum);
     optim::clip_grad_norm(store.grads(), 1.0);
     adamw.step(store, 1e-2f);
     EXPECT_TRUE(team_flushes(flush)) << "step " << step << " changed a thread's MXCSR";

@@ -21,6 +21,17 @@ struct TwoSteps {
   size_t arena = 0, packed_fp32 = 0, dropped = 0, compacted = 0;
 };
 
+// n fixed tokens and targets spread over the model's vocabulary.
+struct FixedBatch {
+  std::vector<int32_t> tokens, targets;
+  FixedBatch(const TransformerModel& model, int64_t n) : tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n)) {
+    for (int64_t i = 0; i < n; ++i) {
+      tokens[size_t(i)] = static_cast<int32_t>((i * 31 + 7) % model.spec().vocab_size);
+      targets[size_t(i)] = static_cast<int32_t>((i * 17 + 3) % model.spec().vocab_size);
+    }
+  }
+};
+
 // config: relative to the source tree, with `overrides` (key=value, as --set); setup: switches
 // on the model before its first step.
 inline TwoSteps run_two_steps(const std::string& config, const std::function<void(TransformerModel&)>& setup,
@@ -29,11 +40,9 @@ inline TwoSteps run_two_steps(const std::string& config, const std::function<voi
   model.initialize(5);
   setup(model);
   const int64_t n = batch * seq;
-  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    tokens[size_t(i)] = static_cast<int32_t>((i * 31 + 7) % model.spec().vocab_size);
-    targets[size_t(i)] = static_cast<int32_t>((i * 17 + 3) % model.spec().vocab_size);
-  }
+  const FixedBatch data(model, n);
+  const std::vector<int32_t>& tokens = data.tokens;
+  const std::vector<int32_t>& targets = data.targets;
   TwoSteps out;
   for (int step = 0; step < 2; ++step) {
     model.parameters().zero_grad();
