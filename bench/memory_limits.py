@@ -16,7 +16,11 @@ Both are extrapolations from measured points; the script says which points it me
 
     /usr/bin/python3 bench/memory_limits.py [--keel build/release/keel] [--budget-gib 24]
         [--seqs 256,1024] [--precision fp32|bf16] [--bf16-activations packed|fp32|all]
-        [--recompute none,attention,blocks] [--json]
+        [--recompute none,attention,blocks] [--repeat 1] [--json]
+
+Peak RSS moves by up to about 20 MB between identical runs (oneDNN's scratch, the heap's state),
+which over 768 tokens is 27 KiB a token of slope: --repeat N measures each point N times,
+interleaved, and takes the median; a longer span (--seqs 256,2048) divides the jitter too.
 """
 import argparse
 import json
@@ -37,6 +41,12 @@ def measure(keel, recompute, seq, precision, storage, threads):
     return json.loads(subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout)
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
 def params(keel, hidden):
     sets = [f"hidden_size={hidden}", f"intermediate_size={3 * hidden}", f"num_attention_heads={hidden // 64}",
             f"num_key_value_heads={hidden // 128}"]
@@ -55,16 +65,21 @@ def main():
                     help="with --precision bf16: how the saved activations are held (run.bf16_activations)")
     ap.add_argument("--recompute", default="none,attention,blocks", help="the settings to measure, comma-separated")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each point, interleaved; the median is used")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     t0, t1 = (int(s) for s in args.seqs.split(","))
     budget = args.budget_gib * 1024 * MIB
     base_params = params(args.keel, 1024)
     for recompute in args.recompute.split(","):
-        a = measure(args.keel, recompute, t0, args.precision, args.bf16_activations, args.threads)
-        b = measure(args.keel, recompute, t1, args.precision, args.bf16_activations, args.threads)
-        per_token = (b["peak_rss_mb"] - a["peak_rss_mb"]) * MIB / (t1 - t0)
-        fixed = a["peak_rss_mb"] * MIB - per_token * t0
+        runs = {t0: [], t1: []}
+        for _ in range(max(1, args.repeat)):
+            for t in (t0, t1):
+                runs[t].append(measure(args.keel, recompute, t, args.precision, args.bf16_activations, args.threads))
+        a, b = runs[t0][0], runs[t1][0]  # for the fields that do not move (cpu, storage)
+        peak0, peak1 = (median([r["peak_rss_mb"] for r in runs[t]]) for t in (t0, t1))
+        per_token = (peak1 - peak0) * MIB / (t1 - t0)
+        fixed = peak0 * MIB - per_token * t0
         longest = int((budget - fixed) / per_token)
         # Widest 28-layer model at 1 x 2,048: fixed part scales with parameters, per token with width.
         widest = 1024
@@ -75,7 +90,8 @@ def main():
             widest = hidden
         row = {"cpu": a.get("cpu"), "recompute": recompute, "precision": args.precision, "measured_seqs": [t0, t1],
                "bf16_activations": a.get("bf16_activations_stored"),  # what the steps stored
-               "peak_rss_mb": [round(a["peak_rss_mb"]), round(b["peak_rss_mb"])],
+               "peak_rss_mb": [round(peak0), round(peak1)],
+               "runs_mb": [[round(r["peak_rss_mb"], 1) for r in runs[t]] for t in (t0, t1)],
                "tokens_per_s": [round(a["tokens_per_s"], 1), round(b["tokens_per_s"], 1)],
                "fixed_mb": round(fixed / MIB), "kib_per_token": round(per_token / 1024, 1),
                "longest_seq_qwen3_0_6b": longest, "widest_hidden_at_2048": widest,
