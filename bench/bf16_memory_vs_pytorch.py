@@ -4,10 +4,11 @@
 Issue 17 asks that bf16 storage halve activation memory, measured as peak RSS. This script puts
 keel's figure beside the peer's: for each side it measures the peak RSS of a training step (two
 steps, so AdamW's moments exist at the second one's peak) at batch B0 and B1 of T tokens, and
-takes the slope, the bytes one more token of a step costs. Fixed T and varying B keep the slope
-exact for both sides: keel's attention keeps nothing T × T, the PyTorch reference's eager
-attention keeps its T × T probabilities, and both grow linearly in B at fixed T. The weights,
-gradients and optimizer state are the fixed part and drop out.
+takes the slope, the bytes one more token of a step costs at that T. Fixed T and varying B make
+the slope exact for both sides (both grow linearly in B at fixed T), and the weights, gradients
+and optimizer state are the fixed part and drop out. keel's slope does not depend on T (its
+attention keeps nothing T × T); the PyTorch reference's eager attention keeps T × T probabilities
+in every layer, so the peer's slope, and the ratios across the two sides, hold for the T given.
 
 Settings measured, each in its own process, interleaved and repeated (median per point):
 - keel fp32, and keel `--precision bf16` with `--bf16-activations packed` (the default) and `all`;
@@ -23,11 +24,12 @@ step. Fewer layers make the per-token part that is not the layers' (PyTorch's fu
 their gradient above all) a larger share, so the ratios move with --layers: compare at 28.
 
     /usr/bin/python3 bench/bf16_memory_vs_pytorch.py [--keel build/release/keel] [--layers 28]
-        [--seq 256] [--batches 1,4] [--repeat 2] [--threads 2] [--json]
+        [--seq 256] [--batches 1,4] [--repeat 2] [--threads 2] [--sides keel,pytorch] [--json]
 """
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -59,29 +61,37 @@ def main():
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sides", default="keel,pytorch", help="which sides to measure, comma-separated")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    sides = set(args.sides.split(","))
+    if not sides or not sides <= {"keel", "pytorch"}:
+        raise SystemExit("bf16_memory_vs_pytorch.py: --sides takes keel, pytorch or both")
+    if args.layers < 1 or args.repeat < 1 or args.seq < 1:
+        raise SystemExit("bf16_memory_vs_pytorch.py: --layers, --repeat and --seq must be at least 1")
     b0, b1 = (int(b) for b in args.batches.split(","))
     if not 0 < b0 < b1:
         raise SystemExit("bf16_memory_vs_pytorch.py: --batches takes B0,B1 with 0 < B0 < B1")
     if b0 * args.seq < 256:
         raise SystemExit("bf16_memory_vs_pytorch.py: B0 x T must be at least 256 tokens (keel's loss chunk)")
-    cfg = json.load(open(CONFIG))
+    with open(CONFIG) as f:
+        cfg = json.load(f)
     cfg["num_hidden_layers"] = args.layers
     cfg.pop("layer_types", None)  # one entry per layer; every layer of Qwen3-0.6B is full attention
     with tempfile.TemporaryDirectory() as tmp:
         config = os.path.join(tmp, f"qwen3-0.6b-{args.layers}-layers.json")
         with open(config, "w") as f:
             json.dump(cfg, f)
-        peaks = {(s[0], s[1], b): [] for s in SETTINGS for b in (b0, b1)}
+        settings = [s for s in SETTINGS if s[0] in sides]
+        peaks = {(s[0], s[1], b): [] for s in settings for b in (b0, b1)}
         for _ in range(args.repeat):
             for b in (b0, b1):
-                for s in SETTINGS:
+                for s in settings:
                     mb, _ = peak_mb(args, config, s, b)
                     peaks[(s[0], s[1], b)].append(mb)
     tokens = (b1 - b0) * args.seq
     rows = []
-    for side, label, _, _ in SETTINGS:
+    for side, label, _, _ in settings:
         lo, hi = median(peaks[(side, label, b0)]), median(peaks[(side, label, b1)])
         per_token_kib = (hi - lo) * 1024.0 / tokens
         rows.append({"side": side, "setting": label, "peak_rss_mb": [round(lo, 1), round(hi, 1)],
@@ -92,11 +102,14 @@ def main():
         r["of_own_fp32"] = round(r["kib_per_token"] / fp32["kib_per_token"], 3)
     head = {"cpu": cpu_description(), "threads": args.threads, "model": f"Qwen3-0.6B shape, {args.layers} layers",
             "seq": args.seq, "batches": [b0, b1], "repeat": args.repeat}
+    if "pytorch" in sides:
+        head["torch"] = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                                       check=True, capture_output=True, text=True).stdout.strip()
     if args.json:
         print(json.dumps({**head, "rows": rows}))
         return
     print(f"CPU: {head['cpu']}; {args.threads} threads; {head['model']}; T {args.seq}, B {b0} and {b1}, "
-          f"median of {args.repeat}")
+          f"median of {args.repeat}" + (f"; PyTorch {head['torch']}" if "torch" in head else ""))
     print(f"{'side':8s} {'setting':14s} {'peak MB (B0, B1)':>20s} {'KiB/token':>10s} {'of own fp32':>11s} {'fixed MB':>9s}")
     for r in rows:
         print(f"{r['side']:8s} {r['setting']:14s} {str(r['peak_rss_mb']):>20s} {r['kib_per_token']:10.1f} "

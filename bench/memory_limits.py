@@ -18,8 +18,8 @@ Both are extrapolations from measured points; the script says which points it me
         [--seqs 256,1024] [--precision fp32|bf16] [--bf16-activations packed|fp32|all]
         [--recompute none,attention,blocks] [--repeat 1] [--json]
 
-Peak RSS moves by up to about 20 MB between identical runs (oneDNN's scratch, the heap's state),
-which over 768 tokens is 27 KiB a token of slope: --repeat N measures each point N times,
+Peak RSS moves by up to about 23 MB between runs of one binary (oneDNN's scratch, the heap's
+state), which over 768 tokens is 31 KiB a token of slope (62 if the two points move opposite ways): --repeat N measures each point N times,
 interleaved, and takes the median; a longer span (--seqs 256,2048) divides the jitter too.
 """
 import argparse
@@ -76,7 +76,7 @@ def main():
         for _ in range(max(1, args.repeat)):
             for t in (t0, t1):
                 runs[t].append(measure(args.keel, recompute, t, args.precision, args.bf16_activations, args.threads))
-        a, b = runs[t0][0], runs[t1][0]  # for the fields that do not move (cpu, storage)
+        a, b = runs[t0][0], runs[t1][0]  # cpu and storage; tokens_per_s of the first runs
         peak0, peak1 = (median([r["peak_rss_mb"] for r in runs[t]]) for t in (t0, t1))
         per_token = (peak1 - peak0) * MIB / (t1 - t0)
         fixed = peak0 * MIB - per_token * t0
