@@ -48,9 +48,9 @@ def peak_mb(args, config, setting, batch):
     if side == "keel":
         extra = ("--bf16-activations", storage) if storage else ()
         row = run_keel(args.keel, config, batch, args.seq, 1, 1, args.threads, "adamw", precision, extra)
-        return row["peak_rss_mb"], row
-    row = run_torch(config, batch, args.seq, 1, 1, args.threads, "adamw", precision, "reference", "openmp", "glibc")
-    return row["peak_rss_mb"], row
+        return row["peak_rss_mb"]
+    return run_torch(config, batch, args.seq, 1, 1, args.threads, "adamw", precision, "reference", "openmp",
+                     "glibc")["peak_rss_mb"]
 
 
 def main():
@@ -87,8 +87,7 @@ def main():
         for _ in range(args.repeat):
             for b in (b0, b1):
                 for s in settings:
-                    mb, _ = peak_mb(args, config, s, b)
-                    peaks[(s[0], s[1], b)].append(mb)
+                    peaks[(s[0], s[1], b)].append(peak_mb(args, config, s, b))
     tokens = (b1 - b0) * args.seq
     rows = []
     for side, label, _, _ in settings:

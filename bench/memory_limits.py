@@ -19,13 +19,18 @@ Both are extrapolations from measured points; the script says which points it me
         [--recompute none,attention,blocks] [--repeat 1] [--json]
 
 Peak RSS moves by up to about 23 MB between runs of one binary (oneDNN's scratch, the heap's
-state), which over 768 tokens is 31 KiB a token of slope (62 if the two points move opposite ways): --repeat N measures each point N times,
-interleaved, and takes the median; a longer span (--seqs 256,2048) divides the jitter too.
+state), which over 768 tokens is 31 KiB a token of slope (62 if the two points move opposite
+ways): --repeat N measures each point N times, interleaved, and takes the median; a longer span
+(--seqs 256,2048) divides the jitter too.
 """
 import argparse
 import json
 import os
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_step_vs_pytorch import median  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs/hf/qwen3-0.6b.json")
@@ -39,12 +44,6 @@ def measure(keel, recompute, seq, precision, storage, threads):
     if precision == "bf16":
         args += ["--bf16-activations", storage]
     return json.loads(subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout)
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def params(keel, hidden):
@@ -68,12 +67,14 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="runs of each point, interleaved; the median is used")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.repeat < 1:
+        raise SystemExit("memory_limits.py: --repeat must be at least 1")
     t0, t1 = (int(s) for s in args.seqs.split(","))
     budget = args.budget_gib * 1024 * MIB
     base_params = params(args.keel, 1024)
     for recompute in args.recompute.split(","):
         runs = {t0: [], t1: []}
-        for _ in range(max(1, args.repeat)):
+        for _ in range(args.repeat):
             for t in (t0, t1):
                 runs[t].append(measure(args.keel, recompute, t, args.precision, args.bf16_activations, args.threads))
         a, b = runs[t0][0], runs[t1][0]  # cpu and storage; tokens_per_s of the first runs
