@@ -359,6 +359,19 @@ def race(args, case):
         row["keel_kernels"] = ks[0]["kernels"]
     if "stages_ms" in ks[0]:
         row["keel_stages_ms"] = {s: round(median([k["stages_ms"][s] for k in ks]), 2) for s in ks[0]["stages_ms"]}
+    if "gemm_shapes" in ks[0]:
+        # Per shape of product, the median over keel's runs of its time and rate (the runs take the
+        # same products; a shape missing from a run counts as absent there).
+        def key(g):
+            return (g["form"], g["bf16"], g["m"], g["n"], g["k"])
+        shapes = []
+        for g in ks[0]["gemm_shapes"]:
+            runs = [h for k in ks for h in k["gemm_shapes"] if key(h) == key(g)]
+            shapes.append({"form": g["form"], "bf16": g["bf16"], "m": g["m"], "n": g["n"], "k": g["k"],
+                           "calls_per_step": g["calls_per_step"],
+                           "ms_per_step": round(median([h["ms_per_step"] for h in runs]), 2),
+                           "gflops_per_s": round(median([h["gflops_per_s"] for h in runs]), 1)})
+        row["keel_gemm_shapes"] = sorted(shapes, key=lambda g: -g["ms_per_step"])
     if optimizer == "muon":
         row.update(keel_ns_share=round(median([k["ns_share"] for k in ks]), 4),
                    torch_ns_share=round(median([t["ns_share"] for t in ts]), 4),
@@ -394,6 +407,11 @@ def print_row(row):
     if "keel_stages_ms" in row:
         print(f"{'':6s} keel stages (ms/step): " +
               ", ".join(f"{k} {v:.1f}" for k, v in row["keel_stages_ms"].items()), flush=True)
+    if row.get("keel_gemm_shapes"):
+        print(f"{'':6s} keel GEMMs by shape, most time first (form m x n x k, calls/step: ms/step at GFLOP/s): " +
+              "; ".join(f"{g['form']}{' bf16' if g['bf16'] else ''} {g['m']}x{g['n']}x{g['k']}, "
+                        f"{g['calls_per_step']:g}: {g['ms_per_step']:.1f} at {g['gflops_per_s']:.0f}"
+                        for g in row["keel_gemm_shapes"][:6]), flush=True)
 
 
 def main():

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -126,6 +128,25 @@ TEST_F(ModelCli, BenchPrintsJson) {
   EXPECT_EQ(j["kernels"]["block_gemm"].get<std::string>(), kernels::block_gemm_isa());
   EXPECT_EQ(j["kernels"]["gemm_backend"].get<std::string>(), kernels::gemm_backend_isa());
   EXPECT_EQ(j["kernels"]["bf16_gemm_native"].get<bool>(), kernels::bf16_gemm_native_available());
+  // The GEMM time by shape: forwards (NT), input gradients (NN) and weight gradients (TN), whose
+  // FLOPs add up to gemm_gflop_per_step and whose shares of the GEMM time to at most 1.
+  const auto& shapes = j["gemm_shapes"];
+  ASSERT_TRUE(shapes.is_array());
+  double gflop = 0, share = 0, previous_ms = 1e300;
+  std::set<std::string> forms;
+  for (const auto& s : shapes) {
+    forms.insert(s["form"].get<std::string>());
+    EXPECT_FALSE(s["bf16"].get<bool>());
+    gflop += 2e-9 * s["m"].get<double>() * s["n"].get<double>() * s["k"].get<double>() * s["calls_per_step"].get<double>();
+    share += s["share_of_gemm"].get<double>();
+    EXPECT_GT(s["gflops_per_s"].get<double>(), 0.0);
+    EXPECT_LE(s["ms_per_step"].get<double>(), previous_ms);  // most time first
+    previous_ms = s["ms_per_step"].get<double>();
+  }
+  EXPECT_EQ(forms, (std::set<std::string>{"NN", "NT", "TN"}));
+  EXPECT_NEAR(gflop, j["gemm_gflop_per_step"].get<double>(), 1e-9 * gflop);
+  EXPECT_GT(share, 0.5);
+  EXPECT_LE(share, 1.0 + 1e-9);
 }
 
 // A benchmark run under ONEDNN_MAX_CPU_ISA names the capped ISA, not the CPU's: the bench scripts

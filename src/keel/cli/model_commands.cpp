@@ -406,6 +406,22 @@ void register_bench(CLI::App& app) {
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;
       out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;
+      // The same time by shape of product, most first: which products run below that rate (a
+      // shape's time is the wall time of its outermost calls, so the shares sum to about 1).
+      json shapes = json::array();
+      for (const stage_timer::GemmShape& s : stages.gemm_shapes) {
+        const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k) * double(s.calls);
+        shapes.push_back({{"form", std::string(s.form)},
+                          {"bf16", s.bf16},
+                          {"m", s.m},
+                          {"n", s.n},
+                          {"k", s.k},
+                          {"calls_per_step", double(s.calls) / steps},
+                          {"ms_per_step", s.seconds * 1000.0 / steps},
+                          {"gflops_per_s", s.seconds > 0 ? flops / s.seconds / 1e9 : 0.0},
+                          {"share_of_gemm", gemm_s > 0 ? s.seconds / gemm_s : 0.0}});
+      }
+      out["gemm_shapes"] = shapes;
       out["cpu"] = cpu_description();  // model, vector extensions, logical CPUs
       // The code that ran, which the CPU's flags alone do not say: the build's block microkernel
       // (-march) and oneDNN's ISA under ONEDNN_MAX_CPU_ISA.

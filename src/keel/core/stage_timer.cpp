@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <tuple>
 
 namespace keel::stage_timer {
 
@@ -12,10 +15,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A shape's key in State::shapes: form, bf16, m, n, k.
+using ShapeKey = std::tuple<char, char, bool, int64_t, int64_t, int64_t>;
+
 struct State {
-  Totals totals;
+  Totals totals;  // gemm_shapes is filled from shapes when totals() is asked for
   Stage current = Stage::Other;
   Clock::time_point last = Clock::now();
+  std::map<ShapeKey, GemmShape> shapes;
+  int gemm_depth = 0;  // GemmScopes open on the driving thread
 };
 State state;  // touched only by the driving thread (scopes inside parallel regions are ignored)
 
@@ -48,7 +56,11 @@ void enable(bool on) {
 
 Totals totals() {
   if (g_enabled.load(std::memory_order_relaxed)) charge_until(Clock::now());
-  return state.totals;
+  Totals out = state.totals;
+  for (const auto& [key, shape] : state.shapes) out.gemm_shapes.push_back(shape);
+  std::stable_sort(out.gemm_shapes.begin(), out.gemm_shapes.end(),
+                   [](const GemmShape& a, const GemmShape& b) { return a.seconds > b.seconds; });
+  return out;
 }
 
 void Scope::open(Stage s) {
@@ -67,6 +79,30 @@ void Scope::close() {
 void add_gemm_flops(int64_t m, int64_t n, int64_t k) {
   if (!g_enabled.load(std::memory_order_relaxed) || omp_in_parallel()) return;
   state.totals.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
+
+void GemmScope::open(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, bool bf16) {
+  if (omp_in_parallel()) return;
+  counted_ = true;
+  if (state.gemm_depth++ > 0) return;
+  outermost_ = true;
+  shape_.form[0] = trans_a ? 'T' : 'N';
+  shape_.form[1] = trans_b ? 'T' : 'N';
+  shape_.bf16 = bf16;
+  shape_.m = m, shape_.n = n, shape_.k = k;
+  start_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+void GemmScope::close() {
+  const int64_t end_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  --state.gemm_depth;
+  if (!outermost_) return;
+  GemmShape& row = state.shapes.try_emplace(ShapeKey{shape_.form[0], shape_.form[1], shape_.bf16, shape_.m, shape_.n,
+                                                     shape_.k},
+                                            shape_)
+                       .first->second;
+  row.calls += 1;
+  row.seconds += double(end_ns - start_ns_) * 1e-9;
 }
 
 }  // namespace keel::stage_timer

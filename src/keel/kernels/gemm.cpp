@@ -151,7 +151,7 @@ namespace {
 // operands rounded to bf16 as they are packed.
 void gemm_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
-  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
+  stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, round_bf16);
   stage_timer::add_gemm_flops(m, n, k);
   if (m == 0 || n == 0) return;
   // cblas takes int dimensions; a silent wrap would corrupt memory. (Checked for both backends
@@ -343,7 +343,7 @@ std::string bf16_emulation_note() {
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
+  stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, true);
   if (m == 0 || n == 0 || k == 0) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // no product: only beta
     return;
@@ -380,7 +380,7 @@ void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t
 
 void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                        int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c, int64_t ldc) {
-  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);
+  stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, true);
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (m == 0 || n == 0 || k == 0) {
