@@ -65,13 +65,20 @@ TEST(StageTimer, GemmShapesCountEachOutermostCallOnce) {
   EXPECT_EQ(flops, t.gemm_flops);
   EXPECT_LE(seconds, t.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)]);
 
-  // Off: nothing recorded, and enable() starts from zero.
+  // Off: a GEMM leaves nothing behind.
   kernels::gemm(false, true, tokens, out, in, 1.f, x.data(), in, w.data(), in, 0.f, y.data(), out);
+  const stage_timer::Totals off = stage_timer::totals();
+  EXPECT_TRUE(off.gemm_shapes.empty());
+  EXPECT_EQ(off.gemm_flops, 0.0);
+  // enable() starts from zero: what an earlier enabled stretch recorded is gone.
   stage_timer::enable(true);
-  const stage_timer::Totals empty = stage_timer::totals();
+  kernels::gemm(false, true, tokens, out, in, 1.f, x.data(), in, w.data(), in, 0.f, y.data(), out);
+  ASSERT_EQ(stage_timer::totals().gemm_shapes.size(), 1u);
+  stage_timer::enable(true);
+  const stage_timer::Totals fresh = stage_timer::totals();
   stage_timer::enable(false);
-  EXPECT_TRUE(empty.gemm_shapes.empty());
-  EXPECT_EQ(empty.gemm_flops, 0.0);
+  EXPECT_TRUE(fresh.gemm_shapes.empty());
+  EXPECT_EQ(fresh.gemm_flops, 0.0);
 }
 
 }  // namespace
