@@ -90,19 +90,19 @@ void GemmScope::open(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   shape_.form[1] = trans_b ? 'T' : 'N';
   shape_.bf16 = bf16;
   shape_.m = m, shape_.n = n, shape_.k = k;
-  start_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  start_ = Clock::now();
 }
 
 void GemmScope::close() {
-  const int64_t end_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   --state.gemm_depth;
   if (!outermost_) return;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   GemmShape& row = state.shapes.try_emplace(ShapeKey{shape_.form[0], shape_.form[1], shape_.bf16, shape_.m, shape_.n,
                                                      shape_.k},
                                             shape_)
                        .first->second;
   row.calls += 1;
-  row.seconds += double(end_ns - start_ns_) * 1e-9;
+  row.seconds += seconds;
 }
 
 }  // namespace keel::stage_timer

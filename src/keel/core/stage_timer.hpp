@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -88,7 +89,7 @@ class GemmScope {
   bool counted_ = false;    // opened on the driving thread while enabled
   bool outermost_ = false;  // and no GemmScope was open there
   GemmShape shape_;
-  int64_t start_ns_ = 0;
+  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace keel::stage_timer

@@ -44,8 +44,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
   // weight gradient below, logitsᵀ·h, would otherwise copy each panel of the logits to a padded
   // stride first (gemm.cpp's rule against cache-set aliasing; 64 MB of copies a step at vocab
   // 8,192 and 2,048 tokens) and the logits product would write rows that share cache sets.
-  int64_t ld = (vocab + 15) / 16 * 16;
-  if (ld % 256 == 0) ld += 16;
+  const int64_t ld = gemm_unaliased_stride(vocab);
   thread_local std::vector<float> logits_buffer;
   std::span<float> logits(kept_buffer(logits_buffer, size_t(rows * ld)), size_t(rows * ld));
   std::vector<double> row_ce(static_cast<size_t>(rows)), row_z(static_cast<size_t>(rows));

@@ -181,7 +181,7 @@ void gemm_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       return;
     }
     int64_t ap_ld = lda;
-    if (trans_a && lda % 256 == 0 && lda > mi) {
+    if (trans_a && lda % kGemmAliasedStrideA == 0 && lda > mi) {
       // A transposed with a row stride of a multiple of 1 KiB (a weight gradient dyᵀ·x of a
       // layer 1,024 or 8,192 wide): the backend's reads of the panel's k rows then fall into a
       // few cache sets and run at half speed (38 against 80 GFLOP/s on one Zen 3 core). Copy

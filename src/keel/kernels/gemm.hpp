@@ -24,6 +24,15 @@ constexpr double kGemmPanelMinFlops = 2e6;  // no panel is made smaller than thi
 // Auto does so where the backend's kernels were measured to need it (oneDNN below AVX-512);
 // tests force Always or Never to check both layouts give the same C.
 constexpr int64_t kGemmAliasedStride = 1024, kGemmPadBMinRows = 128;
+// A transposed A whose row stride is a multiple of kGemmAliasedStrideA floats (1 KiB) has each
+// panel copied to a padded stride first (gemm.cpp says why). gemm_unaliased_stride(cols) is a row
+// stride of at least cols floats that needs neither copy: 64-byte rows off both multiples, for a
+// buffer its owner lays out and then multiplies (the loss's logits).
+constexpr int64_t kGemmAliasedStrideA = 256;
+constexpr int64_t gemm_unaliased_stride(int64_t cols) {
+  const int64_t ld = (cols + 15) / 16 * 16;
+  return ld % kGemmAliasedStrideA == 0 ? ld + 16 : ld;
+}
 constexpr size_t kGemmKeptPaddedB = size_t(8) << 20;  // floats of padded B a thread keeps between calls
 enum class PadAliasedB { Auto, Always, Never };
 void set_pad_aliased_b(PadAliasedB mode);
