@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include "gradient_check.hpp"
@@ -83,6 +85,55 @@ TEST(NormKernel, LayerNormGradientsMatchFiniteDifferences) {
   expect_gradient(x, dx, loss, "layernorm dx", 1e-3);
   expect_gradient(w, dw, loss, "layernorm dw", 1e-3);
   expect_gradient(b, db, loss, "layernorm db", 1e-3);
+}
+
+// Many rows: the weight and bias gradients are summed in blocks of rows inside the backward's row
+// pass (norm.cpp). They must equal the plain sums over all rows, whatever the team size, also
+// with a ragged last block and when dx is not wanted.
+TEST(NormKernel, WeightGradientsOverManyRowsMatchSumsForAnyTeam) {
+  for (const int64_t rows : {int64_t(1000), int64_t(5000)}) {
+    const int64_t dim = 37;
+    const auto x = random_vector(size_t(rows * dim), 21, -2.f, 2.f), g = random_vector(x.size(), 22);
+    const auto w = random_vector(size_t(dim), 23, 0.5f, 1.5f), b = random_vector(size_t(dim), 24);
+    std::vector<float> y(x.size()), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows)),
+        rms_rstd(static_cast<size_t>(rows));
+    layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, dim, 1e-5f);
+    rmsnorm_forward(x.data(), w.data(), y.data(), rms_rstd.data(), rows, dim, 1e-5f);
+    std::vector<double> want_ln_w(static_cast<size_t>(dim)), want_ln_b(static_cast<size_t>(dim)),
+        want_rms_w(static_cast<size_t>(dim));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < dim; ++j) {
+        const size_t i = size_t(r * dim + j);
+        want_ln_w[size_t(j)] += double(g[i]) * ((x[i] - mean[size_t(r)]) * rstd[size_t(r)]);
+        want_ln_b[size_t(j)] += double(g[i]);
+        want_rms_w[size_t(j)] += double(g[i]) * x[i] * rms_rstd[size_t(r)];
+      }
+    const int team = omp_get_max_threads();
+    std::vector<float> first_ln_w, first_rms_w, first_dx;
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> dx(x.size(), 0.f), ln_w(static_cast<size_t>(dim), 1.f), ln_b(static_cast<size_t>(dim), 1.f),
+          rms_w(static_cast<size_t>(dim), 1.f);
+      layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), g.data(), dx.data(), ln_w.data(), ln_b.data(),
+                         rows, dim);
+      rmsnorm_backward(x.data(), w.data(), rms_rstd.data(), g.data(), nullptr, rms_w.data(), rows, dim);
+      for (int64_t j = 0; j < dim; ++j) {  // each accumulated onto 1
+        EXPECT_NEAR(ln_w[size_t(j)] - 1.0, want_ln_w[size_t(j)], 1e-4 + 1e-6 * std::abs(want_ln_w[size_t(j)]));
+        EXPECT_NEAR(ln_b[size_t(j)] - 1.0, want_ln_b[size_t(j)], 1e-4 + 1e-6 * std::abs(want_ln_b[size_t(j)]));
+        EXPECT_NEAR(rms_w[size_t(j)] - 1.0, want_rms_w[size_t(j)], 1e-4 + 1e-6 * std::abs(want_rms_w[size_t(j)]));
+      }
+      if (threads == 1) {
+        first_ln_w = ln_w;
+        first_rms_w = rms_w;
+        first_dx = dx;
+      } else {
+        EXPECT_EQ(ln_w, first_ln_w) << threads << " threads, " << rows << " rows";
+        EXPECT_EQ(rms_w, first_rms_w) << threads << " threads, " << rows << " rows";
+        EXPECT_EQ(dx, first_dx) << threads << " threads, " << rows << " rows";
+      }
+    }
+    omp_set_num_threads(team);
+  }
 }
 
 }  // namespace

@@ -3,24 +3,44 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "keel/core/kept_buffer.hpp"
 
 namespace keel::kernels {
 
 namespace {
 
-// Column-sliced reduction over rows: out[j] += Σ_r term(r, j). Threads own column slices and
-// walk rows in order, so weight gradients are race-free and independent of the thread count.
-template <class Term>
-void accumulate_columns(float* out, int64_t rows, int64_t dim, Term term) {
-  constexpr int64_t kCols = 64;
-  const int64_t slices = (dim + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < slices; ++s) {
-    const int64_t j0 = s * kCols, j1 = std::min(dim, j0 + kCols);
-    double acc[kCols] = {};
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += term(r, j);
-    for (int64_t j = j0; j < j1; ++j) out[j] += float(acc[j - j0]);
+// The backward's weight (and bias) gradients are summed inside its row pass, which already reads
+// x and dy, instead of in a second pass over both (the second pass took more time than the first:
+// 0.37 against 0.25 ms at 2,048 × 512 on an Intel Xeon). Rows are cut into blocks by the shape
+// alone; each block sums its rows in order into its own partial row, in double, and the partials
+// are added in block order: the bits do not depend on the team size.
+struct RowBlocks {
+  int64_t count, rows_per;
+};
+RowBlocks row_blocks(int64_t rows) {
+  const int64_t count = std::clamp<int64_t>(rows / 64, 1, 64);
+  return {count, (rows + count - 1) / count};
+}
+
+// `sums` arrays of blocks × dim partials, zeroed: the calling thread's, kept between calls, which
+// the team reads and writes through the pointer.
+double* block_partials(int sums, const RowBlocks& blocks, int64_t dim) {
+  thread_local std::vector<double> kept;
+  const size_t count = size_t(sums) * size_t(blocks.count) * size_t(dim);
+  double* partial = kept_buffer(kept, count);
+  std::fill(partial, partial + count, 0.0);
+  return partial;
+}
+
+// out[j] += Σ_b partial[b·dim + j], the blocks added in order.
+void add_block_sums(float* out, const double* partial, const RowBlocks& blocks, int64_t dim) {
+#pragma omp parallel for schedule(static) if (dim * blocks.count > (int64_t(1) << 15))
+  for (int64_t j = 0; j < dim; ++j) {
+    double sum = 0;
+    for (int64_t b = 0; b < blocks.count; ++b) sum += partial[b * dim + j];
+    out[j] += float(sum);
   }
 }
 
@@ -50,25 +70,34 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw,
                       int64_t rows, int64_t dim) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
-  if (dx != nullptr) {
-    // y_j = x_j·r·w_j with r = (mean(x²)+eps)^-½, ∂r/∂x_k = -r³·x_k/dim, hence
-    // dx_k = r·w_k·dy_k - x_k·r³/dim · Σ_j dy_j·w_j·x_j.
+  const bool want_dw = dw != nullptr && w != nullptr;
+  if (dx == nullptr && !want_dw) return;
+  const RowBlocks blocks = row_blocks(rows);
+  double* const partial = want_dw ? block_partials(1, blocks, dim) : nullptr;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t b = 0; b < blocks.count; ++b) {
+    double* pw = want_dw ? partial + b * dim : nullptr;
+    for (int64_t r = b * blocks.rows_per; r < std::min(rows, (b + 1) * blocks.rows_per); ++r) {
       const float* xr = x + r * dim;
       const float* gr = dy + r * dim;
-      float* dxr = dx + r * dim;
       const float rs = rstd[r];
-      double dot = 0;
+      if (dx != nullptr) {
+        // y_j = x_j·r·w_j with r = (mean(x²)+eps)^-½, ∂r/∂x_k = -r³·x_k/dim, hence
+        // dx_k = r·w_k·dy_k - x_k·r³/dim · Σ_j dy_j·w_j·x_j.
+        float* dxr = dx + r * dim;
+        double dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * (w != nullptr ? w[j] : 1.f) * xr[j];
-      const float coef = float(dot * double(rs) * rs * rs / double(dim));
-      for (int64_t j = 0; j < dim; ++j) dxr[j] += rs * (w != nullptr ? w[j] : 1.f) * gr[j] - xr[j] * coef;
+        for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * (w != nullptr ? w[j] : 1.f) * xr[j];
+        const float coef = float(dot * double(rs) * rs * rs / double(dim));
+        for (int64_t j = 0; j < dim; ++j) dxr[j] += rs * (w != nullptr ? w[j] : 1.f) * gr[j] - xr[j] * coef;
+      }
+      if (pw != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j]) * xr[j] * rs;
+      }
     }
   }
-  if (dw != nullptr && w != nullptr)
-    accumulate_columns(dw, rows, dim,
-                       [&](int64_t r, int64_t j) { return double(dy[r * dim + j]) * x[r * dim + j] * rstd[r]; });
+  if (want_dw) add_block_sums(dw, partial, blocks, dim);
 }
 
 // x: (rows, dim), w, b: (dim) -> y: (rows, dim), mean, rstd: (rows)
@@ -102,33 +131,48 @@ void layernorm_forward(const float* x, const float* w, const float* b, float* y,
 void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
                         float* dx, float* dw, float* db, int64_t rows, int64_t dim) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
-  if (dx != nullptr) {
-    // With x̂ = (x-μ)·r and g = dy·w: dx = r·(g - mean(g) - x̂·mean(g·x̂)).
+  const bool want_dw = dw != nullptr && w != nullptr, want_db = db != nullptr;
+  if (dx == nullptr && !want_dw && !want_db) return;
+  const RowBlocks blocks = row_blocks(rows);
+  // dw's partials, then db's.
+  double* const partial = want_dw || want_db ? block_partials(2, blocks, dim) : nullptr;
+  double* const partial_b = partial != nullptr ? partial + blocks.count * dim : nullptr;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t b = 0; b < blocks.count; ++b) {
+    double* pw = want_dw ? partial + b * dim : nullptr;
+    double* pb = want_db ? partial_b + b * dim : nullptr;
+    for (int64_t r = b * blocks.rows_per; r < std::min(rows, (b + 1) * blocks.rows_per); ++r) {
       const float* xr = x + r * dim;
       const float* gr = dy + r * dim;
-      float* dxr = dx + r * dim;
       const float m = mean[r], rs = rstd[r];
-      double sg = 0, sgx = 0;
+      if (dx != nullptr) {
+        // With x̂ = (x-μ)·r and g = dy·w: dx = r·(g - mean(g) - x̂·mean(g·x̂)).
+        float* dxr = dx + r * dim;
+        double sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : sg, sgx)
-      for (int64_t j = 0; j < dim; ++j) {
-        const double g = double(gr[j]) * (w != nullptr ? w[j] : 1.f);
-        sg += g;
-        sgx += g * ((xr[j] - m) * rs);
+        for (int64_t j = 0; j < dim; ++j) {
+          const double g = double(gr[j]) * (w != nullptr ? w[j] : 1.f);
+          sg += g;
+          sgx += g * ((xr[j] - m) * rs);
+        }
+        const float mg = float(sg / double(dim)), mgx = float(sgx / double(dim));
+        for (int64_t j = 0; j < dim; ++j) {
+          const float g = gr[j] * (w != nullptr ? w[j] : 1.f);
+          dxr[j] += rs * (g - mg - (xr[j] - m) * rs * mgx);
+        }
       }
-      const float mg = float(sg / double(dim)), mgx = float(sgx / double(dim));
-      for (int64_t j = 0; j < dim; ++j) {
-        const float g = gr[j] * (w != nullptr ? w[j] : 1.f);
-        dxr[j] += rs * (g - mg - (xr[j] - m) * rs * mgx);
+      if (pw != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j]) * ((xr[j] - m) * rs);
+      }
+      if (pb != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) pb[j] += double(gr[j]);
       }
     }
   }
-  if (dw != nullptr && w != nullptr)
-    accumulate_columns(dw, rows, dim, [&](int64_t r, int64_t j) {
-      return double(dy[r * dim + j]) * ((x[r * dim + j] - mean[r]) * rstd[r]);
-    });
-  if (db != nullptr) accumulate_columns(db, rows, dim, [&](int64_t r, int64_t j) { return double(dy[r * dim + j]); });
+  if (want_dw) add_block_sums(dw, partial, blocks, dim);
+  if (want_db) add_block_sums(db, partial_b, blocks, dim);
 }
 
 }  // namespace keel::kernels
