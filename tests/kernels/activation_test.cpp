@@ -50,6 +50,23 @@ TEST(ActivationKernel, ForwardMatchesDefinitions) {
   }
 }
 
+// The tanh GELU is computed as x·σ(2u) (activation.cpp); its derivative against the tanh form's,
+// in double, over the grid of the forward's test.
+TEST(ActivationKernel, GeluTanhDerivativeMatchesDefinition) {
+  std::vector<float> x;
+  for (int i = 0; i < 4099; ++i) x.push_back(-20.f + 40.f * float(i) / 4098.f);
+  const std::vector<float> ones(x.size(), 1.f);
+  std::vector<float> dx(x.size(), 7.f);
+  activation_backward(x.data(), ones.data(), dx.data(), int64_t(x.size()), Activation::GeluTanh,
+                      GradWrite::Overwrite);
+  const double c = std::sqrt(2 / M_PI), a = 0.044715;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i], t = std::tanh(c * (v + a * v * v * v));
+    const double want = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * a * v * v);
+    ASSERT_NEAR(dx[i], want, 2e-6 + 2e-6 * std::abs(want)) << "at " << v;
+  }
+}
+
 TEST(ActivationKernel, BackwardMatchesFiniteDifferences) {
   for (Activation a : kAll) {
     auto x = away_from_zero(41, 1);
