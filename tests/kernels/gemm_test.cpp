@@ -81,6 +81,23 @@ TEST(GemmKernel, PanelScheduleMatchesReference) {
   });
 }
 
+// C wider than one panel is cut into column panels of (nearly) equal width, multiples of 16:
+// no ragged last panel much narrower than the others to unbalance the threads' schedule.
+TEST(GemmKernel, ColumnPanelsAreEqualWidths) {
+  EXPECT_EQ(gemm_panels(2048, 1536, 512).cols, 768);   // not 1,024 and 512
+  EXPECT_EQ(gemm_panels(2048, 2304, 768).cols, 768);   // GPT-2 124M's c_attn: 3 × 768
+  EXPECT_EQ(gemm_panels(1024, 8192, 512).cols, 1024);  // a multiple of the widest panel is unchanged
+  EXPECT_EQ(gemm_panels(2048, 1024, 256).cols, 1024);
+  for (int64_t n = 1; n <= 5000; n += 37) {
+    const GemmPanels p = gemm_panels(4096, n, 512);  // 16 row panels: the column width stays as cut
+    const int64_t parts = (n + p.cols - 1) / p.cols, last = n - (parts - 1) * p.cols;
+    ASSERT_LE(p.cols, kGemmPanelCols) << n;
+    ASSERT_TRUE(p.cols == n || p.cols % 16 == 0) << n;
+    ASSERT_EQ(parts, (n + kGemmPanelCols - 1) / kGemmPanelCols) << n;  // no more panels than needed
+    ASSERT_GE(last, p.cols - 16 * parts) << n << ": last panel " << last << " of " << p.cols;
+  }
+}
+
 // The panels are a function of the shape alone and each is computed by one call on one thread,
 // so the product is bit-identical with one thread or several: what lets the thread governor
 // change the team size between steps without changing a run's numbers.

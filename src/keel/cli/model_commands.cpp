@@ -352,12 +352,13 @@ void register_bench(CLI::App& app) {
       teams.push_back(thread_governor().step_boundary());
       store.zero_grad();
       model.forward_backward(tokens.data(), targets.data(), o->batch, o->seq, 1.0f / static_cast<float>(n));
-      optim::clip_grad_norm(store.grads(), 1.0);
+      // Clipped at 1.0 as the trainer clips (train/update.hpp): the factor goes to the optimizer.
+      const float grad_scale = optim::clip_scale(optim::global_grad_norm(store.grads()), 1.0);
       if (muon) {
-        muon->step(store, 1e-4f);
+        muon->step(store, 1e-4f, grad_scale);
         ns_seconds += muon->last_ns_seconds();
       } else {
-        adamw->step(store, 1e-4f);
+        adamw->step(store, 1e-4f, grad_scale);
       }
     };
     for (int64_t i = 0; i < o->warmup; ++i) step();

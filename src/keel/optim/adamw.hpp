@@ -26,11 +26,11 @@ class AdamW : public Optimizer {
   // Owns, updates and keeps moments for only these slices (ZeRO-1).
   AdamW(AdamWConfig config, Ownership ownership);
   std::string name() const override { return "adamw"; }
-  // One update of every parameter from the store's gradients at learning rate lr.
-  void step(nn::ParameterStore& store, float lr) override;
+  // One update of every parameter from the store's gradients (times grad_scale) at learning rate lr.
+  void step(nn::ParameterStore& store, float lr, float grad_scale = 1.0f) override;
   // One update of only the owned slices listed (indices into ownership().slices()), as when Muon
   // hands AdamW the embeddings, LM head, norms and biases. Counts as one step.
-  void step(nn::ParameterStore& store, float lr, std::span<const size_t> slices);
+  void step(nn::ParameterStore& store, float lr, float grad_scale, std::span<const size_t> slices);
   int64_t steps_taken() const override { return step_; }
   const AdamWConfig& config() const { return config_; }
   FloatBuffer& first_moment() { return m_; }
@@ -43,7 +43,8 @@ class AdamW : public Optimizer {
   std::span<float> state(const std::string& state_name, const OwnedSlice& slice) override;
 
  private:
-  void update(nn::ParameterStore& store, const OwnedSlice& s, float lr, float step_size, float inv_sqrt_bias2);
+  void update(nn::ParameterStore& store, const OwnedSlice& s, float lr, float grad_scale, float step_size,
+              float inv_sqrt_bias2);
   FloatBuffer& buffer(const std::string& state_name);
 
   AdamWConfig config_;

@@ -9,7 +9,10 @@
 
 namespace keel::optim {
 
-double global_grad_norm(std::span<const float> grads) { return std::sqrt(sum_of_squares(grads)); }
+double global_grad_norm(std::span<const float> grads) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);  // the clip's first half
+  return std::sqrt(sum_of_squares(grads));
+}
 
 double sum_of_squares(std::span<const float> grads) {
   // Fixed chunks summed in a fixed order: the norm (and so the clip) is bit-identical from run
@@ -36,10 +39,14 @@ double clip_grad_norm(std::span<float> grads, double max_norm) {
   return norm;
 }
 
-void scale_to_max_norm(std::span<float> grads, double norm, double max_norm) {
+float clip_scale(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    const float c = static_cast<float>(coef);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+void scale_to_max_norm(std::span<float> grads, double norm, double max_norm) {
+  const float c = clip_scale(norm, max_norm);
+  if (c != 1.0f) {
     float* g = grads.data();
     const int64_t n = static_cast<int64_t>(grads.size());
 #pragma omp parallel for simd schedule(static)

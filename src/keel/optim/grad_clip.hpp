@@ -12,5 +12,8 @@ double clip_grad_norm(std::span<float> grads, double max_norm);
 // Scales the gradients as clip_grad_norm does, given their global norm (computed over several
 // processes, each holding a part).
 void scale_to_max_norm(std::span<float> grads, double norm, double max_norm);
+// The factor clip_grad_norm multiplies every gradient by: max_norm / (norm + 1e-6) as a float
+// when that is below 1, else exactly 1 (a NaN norm included).
+float clip_scale(double norm, double max_norm);
 
 }  // namespace keel::optim

@@ -138,7 +138,7 @@ float Muon::update_scale(int64_t rows, int64_t cols, const float* o) const {
   return 1.0f;
 }
 
-void Muon::step(nn::ParameterStore& store, float lr) {
+void Muon::step(nn::ParameterStore& store, float lr, float grad_scale) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
   ++step_;
   double ns_seconds = 0;
@@ -152,10 +152,18 @@ void Muon::step(nn::ParameterStore& store, float lr) {
     const float* g = grads + p.offset;
     float* buf = momentum_.data() + ownership().find(e)->state_offset;
     float* u = update_.data();
+    if (grad_scale != 1.0f) {
+      // The clipped gradient, stored first: multiplied in the loop below, g·scale would be fused
+      // into its additions (an FMA rounding once), not the value a clip in place would have stored.
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < p.numel; ++i) u[i] = g[i] * grad_scale;
+      g = u;
+    }
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < p.numel; ++i) {
-      buf[i] = beta * buf[i] + g[i];
-      u[i] = config_.nesterov ? g[i] + beta * buf[i] : buf[i];
+      const float gi = g[i];  // read before u[i] is written: g may be u
+      buf[i] = beta * buf[i] + gi;
+      u[i] = config_.nesterov ? gi + beta * buf[i] : buf[i];
     }
     const auto t0 = std::chrono::steady_clock::now();
     newton_schulz5(u, ortho_.data(), rows, cols, workspace_.data(), config_.ns_steps);
@@ -167,7 +175,7 @@ void Muon::step(nn::ParameterStore& store, float lr) {
     for (int64_t i = 0; i < p.numel; ++i) w[i] = w[i] * decay - step_size * o[i];
   }
   last_ns_seconds_ = ns_seconds;
-  if (!adamw_slices_.empty()) adamw_opt_.step(store, lr, adamw_slices_);
+  if (!adamw_slices_.empty()) adamw_opt_.step(store, lr, grad_scale, adamw_slices_);
 }
 
 }  // namespace keel::optim

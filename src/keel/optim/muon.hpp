@@ -69,8 +69,8 @@ class Muon : public Optimizer {
   static std::vector<size_t> route(const nn::ParameterStore& store, const MuonConfig& config);
 
   std::string name() const override { return "muon"; }
-  // One update of every parameter from the store's gradients at learning rate lr.
-  void step(nn::ParameterStore& store, float lr) override;
+  // One update of every parameter from the store's gradients (times grad_scale) at learning rate lr.
+  void step(nn::ParameterStore& store, float lr, float grad_scale = 1.0f) override;
 
   bool uses_muon(const std::string& name) const;
   // Owned entries of each group: indices into store.entries().

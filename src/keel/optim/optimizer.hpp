@@ -19,8 +19,12 @@ class Optimizer {
 
   // "adamw" or "muon": recorded in checkpoints, which refuse another optimizer's state.
   virtual std::string name() const = 0;
-  // One update of every parameter from the store's gradients at learning rate lr.
-  virtual void step(nn::ParameterStore& store, float lr) = 0;
+  // One update of every parameter from the store's gradients, each multiplied by grad_scale as
+  // it is read, at learning rate lr. The scale is the clip's (train/update.hpp): folding it into
+  // the optimizer's own pass over the gradients saves a read and a write of all of them, and
+  // float(g · scale) is the value an in-place scaling would have stored, so the update is the same
+  // bits. Every override declares the same default.
+  virtual void step(nn::ParameterStore& store, float lr, float grad_scale = 1.0f) = 0;
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
 

@@ -148,8 +148,8 @@ ShardedOptimizer::ShardedOptimizer(std::unique_ptr<optim::Optimizer> inner, dist
   all_.resize(static_cast<size_t>(total));
 }
 
-void ShardedOptimizer::step(nn::ParameterStore& store, float lr) {
-  inner_->step(store, lr);
+void ShardedOptimizer::step(nn::ParameterStore& store, float lr, float grad_scale) {
+  inner_->step(store, lr, grad_scale);
   const auto t0 = std::chrono::steady_clock::now();
   float* values = store.values().data();
   float* out = mine_.data();

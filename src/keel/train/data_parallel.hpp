@@ -66,7 +66,7 @@ class ShardedOptimizer : public optim::Optimizer {
  public:
   ShardedOptimizer(std::unique_ptr<optim::Optimizer> inner, dist::Communicator& comm, const dist::ShardPlan& plan);
   std::string name() const override { return inner_->name(); }
-  void step(nn::ParameterStore& store, float lr) override;
+  void step(nn::ParameterStore& store, float lr, float grad_scale = 1.0f) override;
   int64_t steps_taken() const override { return inner_->steps_taken(); }
   void set_steps_taken(int64_t steps) override { inner_->set_steps_taken(steps); }
   std::vector<std::string> state_names() const override { return inner_->state_names(); }

@@ -40,6 +40,7 @@ struct StepContext {
   double ce_sum = 0, z_sum = 0;  // summed over the predicted tokens
   double loss = kNaN;            // (ce + z_loss·z) / predicted: the objective
   double grad_norm = kNaN;       // before clipping
+  float grad_scale = 1.0f;       // the clip's factor, applied as the optimizer reads the gradients
   double lr = 0;
   StepMonitors monitors;
 

@@ -24,7 +24,7 @@ StepFate decide_and_update(TrainerParts& p, TrainState& state, StepContext& step
     step.fate = p.spikes->before_update(step, state, *p.checkpoint);
     if (step.fate != StepFate::Apply) return step.fate;
   }
-  clip_gradients(p.model->parameters(), p.clip, step.grad_norm);
+  clip_gradients(step, p.clip);
   if (!p.update->apply(step) && p.spikes) {
     step.fate = p.spikes->after_nonfinite_update(step, state, *p.checkpoint);
     if (step.fate == StepFate::Skip) p.update->undo(step);

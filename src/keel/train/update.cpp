@@ -9,8 +9,8 @@
 
 namespace keel::train {
 
-void clip_gradients(nn::ParameterStore& store, double max_norm, double norm) {
-  if (max_norm > 0) optim::scale_to_max_norm(store.grads(), norm, max_norm);
+void clip_gradients(StepContext& step, double max_norm) {
+  step.grad_scale = max_norm > 0 ? optim::clip_scale(step.grad_norm, max_norm) : 1.0f;
 }
 
 UpdateStage::UpdateStage(nn::ParameterStore& store, optim::Optimizer& optimizer, int64_t layers, bool measure)
@@ -23,7 +23,7 @@ UpdateStage::UpdateStage(nn::ParameterStore& store, optim::Optimizer& optimizer,
 
 bool UpdateStage::apply(StepContext& step) {
   if (measure_) std::copy(store_.values().begin(), store_.values().end(), before_.begin());
-  optimizer_.step(store_, static_cast<float>(step.lr));
+  optimizer_.step(store_, static_cast<float>(step.lr), step.grad_scale);
   return measure_ ? measure(step) : true;
 }
 

@@ -13,14 +13,16 @@
 namespace keel::train {
 
 // Clips the gradients to a global norm of max_norm (0 = off), given their global norm (the
-// reducer's: with ZeRO-1 each process holds only the gradients it updates).
-void clip_gradients(nn::ParameterStore& store, double max_norm, double norm);
+// reducer's: with ZeRO-1 each process holds only the gradients it updates): sets step.grad_scale,
+// which the update stage hands the optimizer, so the gradients are scaled in the optimizer's own
+// pass over them rather than in a pass of their own (the store keeps them as the backward left them).
+void clip_gradients(StepContext& step, double max_norm);
 
 class UpdateStage {
  public:
   // measure: keep a copy of the weights before each update, to measure it and to undo it.
   UpdateStage(nn::ParameterStore& store, optim::Optimizer& optimizer, int64_t layers, bool measure);
-  // The optimizer's step at step.lr; with measure, fills step.update_ratio and step.layer_ratio.
+  // The optimizer's step at step.lr with step.grad_scale; with measure, fills step.update_ratio and step.layer_ratio.
   // Returns false when the update made a parameter non-finite (known only with measure).
   bool apply(StepContext& step);
   // Puts the weights back as they were before apply() (measure only). The optimizer's state
