@@ -122,8 +122,8 @@ bool gemm_pads_aliased_b() {
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
   // C wider than kGemmPanelCols is cut into equal column panels (1,536 into 2 × 768, not 1,024
   // and 512): with a ragged last column a step's panels differ in size and the dynamic schedule
-  // ends unbalanced. The d512 model's 2,048 × 1,536 × 512 forward went from 303-306 to 312 GFLOP/s
-  // on 2 threads of an Intel Xeon (docs/performance.md, "Equal column panels").
+  // ends unbalanced. The d512 model's 2,048 × 1,536 × 512 forward went from 303-310 to 312-318
+  // GFLOP/s on 2 threads of an Intel Xeon (docs/performance.md, "Intel Xeon a third time").
   const int64_t col_parts = (n + kGemmPanelCols - 1) / kGemmPanelCols;
   GemmPanels p{std::min(m, kGemmPanelRows), std::min(n, ((n + col_parts - 1) / col_parts + 15) / 16 * 16)};
   auto count = [&] { return ((m + p.rows - 1) / p.rows) * ((n + p.cols - 1) / p.cols); };
