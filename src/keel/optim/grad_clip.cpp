@@ -32,19 +32,14 @@ double sum_of_squares(std::span<const float> grads) {
   return sum;
 }
 
-double clip_grad_norm(std::span<float> grads, double max_norm) {
-  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
-  const double norm = global_grad_norm(grads);
-  scale_to_max_norm(grads, norm, max_norm);
-  return norm;
-}
-
 float clip_scale(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
 }
 
-void scale_to_max_norm(std::span<float> grads, double norm, double max_norm) {
+double clip_grad_norm(std::span<float> grads, double max_norm) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Optimizer);
+  const double norm = global_grad_norm(grads);
   const float c = clip_scale(norm, max_norm);
   if (c != 1.0f) {
     float* g = grads.data();
@@ -52,6 +47,7 @@ void scale_to_max_norm(std::span<float> grads, double norm, double max_norm) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= c;
   }
+  return norm;
 }
 
 }  // namespace keel::optim

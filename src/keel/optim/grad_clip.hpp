@@ -9,11 +9,9 @@ double global_grad_norm(std::span<const float> grads);
 // Σ g², in fixed chunks summed in a fixed order (bit-identical whatever the threads do).
 double sum_of_squares(std::span<const float> grads);
 double clip_grad_norm(std::span<float> grads, double max_norm);
-// Scales the gradients as clip_grad_norm does, given their global norm (computed over several
-// processes, each holding a part).
-void scale_to_max_norm(std::span<float> grads, double norm, double max_norm);
 // The factor clip_grad_norm multiplies every gradient by: max_norm / (norm + 1e-6) as a float
-// when that is below 1, else exactly 1 (a NaN norm included).
+// when that is below 1, else exactly 1 (a NaN norm included). The trainer hands it to the
+// optimizer (Optimizer::step's grad_scale) instead of scaling the gradients in place.
 float clip_scale(double norm, double max_norm);
 
 }  // namespace keel::optim
