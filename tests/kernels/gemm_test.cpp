@@ -81,6 +81,62 @@ TEST(GemmKernel, PanelScheduleMatchesReference) {
   });
 }
 
+// Weight gradients with few rows of C and many tokens are cut along k, and those with many rows
+// and at most 256 columns are computed as their transpose (which is then cut along k): a rule of
+// the shape alone, for the TN form only.
+TEST(GemmKernel, SplitAlongKAndSwappedOperandsFollowTheShape) {
+  EXPECT_EQ(gemm_k_parts(true, false, 256, 1024, 2048), 4);  // GPT-2 d256's c_fc weight gradient
+  EXPECT_EQ(gemm_k_parts(true, false, 512, 512, 2048), 4);
+  EXPECT_EQ(gemm_k_parts(true, false, 256, 1024, 1024), 2);
+  EXPECT_EQ(gemm_k_parts(true, false, 256, 1024, 1000), 1);  // a slice under 512 tokens
+  EXPECT_EQ(gemm_k_parts(true, false, 1536, 512, 2048), 1);  // too many rows: the panels win
+  EXPECT_EQ(gemm_k_parts(true, false, 256, 8192, 2048), 1);  // too large a C
+  EXPECT_EQ(gemm_k_parts(false, false, 256, 256, 8192), 1);
+  EXPECT_EQ(gemm_k_parts(false, true, 256, 256, 8192), 1);
+  EXPECT_TRUE(gemm_swaps_operands(true, false, 1024, 256, 2048));   // c_proj's weight gradient
+  EXPECT_TRUE(gemm_swaps_operands(true, false, 768, 256, 2048));
+  EXPECT_FALSE(gemm_swaps_operands(true, false, 8192, 256, 1024));  // the LM head's: too large a C
+  EXPECT_FALSE(gemm_swaps_operands(true, false, 1536, 512, 2048));  // too wide
+  EXPECT_FALSE(gemm_swaps_operands(true, false, 300, 256, 2048));   // not tall enough
+  EXPECT_FALSE(gemm_swaps_operands(false, false, 1024, 256, 2048));
+  EXPECT_FALSE(gemm_swaps_operands(true, true, 1024, 256, 2048));
+}
+
+// Both schedules against the reference: odd sizes (slices of k and transposed tiles with ragged
+// ends), padded strides, alpha, beta = 0 over a C of NaN and beta != 0 over a C that is read,
+// and the same bits on one thread as on two.
+TEST(GemmKernel, SplitAlongKAndSwappedOperandsMatchReference) {
+  const GemmCase cases[] = {
+      {true, false, 200, 130, 2051, 1.f, 0.f},   // 4 slices of k, the last one shorter
+      {true, false, 256, 96, 1100, 0.5f, 1.f},   // 2 slices, C accumulated
+      {true, false, 515, 200, 1536, 1.f, 0.f},   // swapped: 200 × 515 in 3 slices
+      {true, false, 700, 90, 2048, 2.f, -0.5f},  // swapped: 90 × 700, ragged 64-row tiles
+  };
+  for (const GemmCase& cs : cases) {
+    SCOPED_TRACE("m=" + std::to_string(cs.m) + " n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k));
+    ASSERT_TRUE(gemm_k_parts(cs.ta, cs.tb, cs.m, cs.n, cs.k) > 1 || gemm_swaps_operands(cs.ta, cs.tb, cs.m, cs.n, cs.k));
+    auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 3, 31);
+    auto c_ref = c, c_one = c;
+    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+    gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_ref.data(), ldc);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c_one.data(), ldc);
+    omp_set_num_threads(saved);
+    double worst = 0;
+    for (int64_t i = 0; i < cs.m; ++i)
+      for (int64_t j = 0; j < cs.n; ++j) {
+        const size_t idx = size_t(i * ldc + j);
+        const double diff = std::abs(double(c[idx]) - double(c_ref[idx]));
+        worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+        ASSERT_EQ(c[idx], c_one[idx]) << "one thread differs at " << i << "," << j;
+      }
+    EXPECT_LT(worst, 1e-6 * double(cs.k));
+    for (int64_t i = 0; i < cs.m; ++i)  // padding columns untouched
+      for (int64_t j = cs.n; j < ldc; ++j) ASSERT_EQ(c[size_t(i * ldc + j)], c_ref[size_t(i * ldc + j)]);
+  }
+}
+
 // C wider than one panel is cut into column panels of (nearly) equal width, multiples of 16:
 // no ragged last panel much narrower than the others to unbalance the threads' schedule.
 TEST(GemmKernel, ColumnPanelsAreEqualWidths) {

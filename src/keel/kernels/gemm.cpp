@@ -139,6 +139,25 @@ GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
+int64_t gemm_k_parts(bool trans_a, bool /*trans_b*/, int64_t m, int64_t n, int64_t k) {
+  // Measured on the weight gradients of d256-d512 layers (2,048 tokens, 2 threads of an Intel
+  // Xeon, docs/performance.md "Intel Xeon a fourth time"): a 256 × 1,024 × 2,048 TN product in
+  // panels of 128 × 256 runs at 240-250 GFLOP/s, cut into 4 slices of k at 285-300; 512 × 512 at
+  // 240 against 265-272; with 1,024 rows or more, slices lost. The panels of a C this small each
+  // pack their share of both operands for the whole k; a slice packs each operand once.
+  if (!trans_a || m > kGemmSplitKMaxRows || m * n > kGemmSplitKMaxC) return 1;
+  return std::clamp<int64_t>(k / kGemmSplitKMinSlice, 1, 4);
+}
+
+bool gemm_swaps_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
+  // Measured on 2 threads of an Intel Xeon (docs/performance.md, "Intel Xeon a fourth time"): a
+  // 1,024 × 256 × 2,048 weight gradient runs at 250 GFLOP/s in panels, its transpose 256 × 1,024
+  // cut along k at 280-290. Transposing C back is one pass over m·n floats against m·n·k
+  // multiply-adds. (The LM head's 8,192 × 256 × 1,024 is faster as its transpose too, 284-300
+  // against 240-257, but too large a C to be cut along k: there the pass ate the gain.)
+  return trans_a && !trans_b && n <= kGemmSwapMaxCols && m >= 2 * n && gemm_k_parts(true, false, n, m, k) > 1;
+}
+
 // C: (m, n) = alpha·op(A)(m, k)·op(B)(k, n) + beta·C
 //
 // keel schedules the threads itself: C is cut into panels by a rule of the shape alone
@@ -152,12 +171,81 @@ GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
 // at 38 GFLOP/s on one Zen 3 core, and at 80 with M <= 768).
 namespace {
 
+// C = alpha·op(A)·op(B) + beta·C as `parts` slices of k, each one backend call on one thread over
+// the whole of C: the first into C (with beta), the others into kept buffers, then added to C in
+// slice order. Which call computes which slice, and the order of the sums, depend on the shape
+// alone: the bits do not depend on the thread count.
+void gemm_split_k(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t parts, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t slice = (k + parts - 1) / parts;
+  thread_local std::vector<float> kept_partials;
+  float* partials = kept_buffer(kept_partials, size_t((parts - 1) * m * n));
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t part = 0; part < parts; ++part) {
+      const int64_t p0 = part * slice, kp = std::min(slice, k - p0);
+      const float* ap = trans_a ? a + p0 * lda : a + p0;  // A stored (k, m) when transposed
+      const float* bp = trans_b ? b + p0 : b + p0 * ldb;  // B stored (n, k) when transposed
+      if (part == 0) backend_gemm(trans_a, trans_b, m, n, kp, alpha, ap, lda, bp, ldb, beta, c, ldc);
+      else backend_gemm(trans_a, trans_b, m, n, kp, alpha, ap, lda, bp, ldb, 0.f, partials + (part - 1) * m * n, n);
+    }  // the for's barrier: every slice is done before the sums read them
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      float* ci = c + i * ldc;
+      for (int64_t part = 1; part < parts; ++part) {
+        const float* pi = partials + (part - 1) * m * n + i * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) ci[j] += pi[j];
+      }
+    }
+  }
+}
+
 // gemm, or with round_bf16 gemm_bf16's portable path: keel's packed kernel on every panel, its
 // operands rounded to bf16 as they are packed.
+void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16);
+
+// C = beta·C + alpha·op(A)·op(B) computed as its transpose T = alpha·Bᵀ·A (n × m, the TN form
+// with the operands' roles exchanged), then added to C transposed.
+void gemm_swapped(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<float> kept_transposed;
+  float* t = kept_buffer(kept_transposed, size_t(n * m));
+  gemm_body(true, false, n, m, k, alpha, b, ldb, a, lda, 0.f, t, m, false);
+  // C's rows in blocks of 64, each a 64-column strip of T transposed through a tile in L1.
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < m; i0 += kBlock) {
+    alignas(64) float tile[kBlock * kBlock];
+    const int64_t rows = std::min(kBlock, m - i0);
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t cols = std::min(kBlock, n - j0);
+      transpose_block(t + j0 * m + i0, cols, rows, m, tile, kBlock);  // tile[i][j] = T[j0 + j][i0 + i]
+      for (int64_t i = 0; i < rows; ++i) {
+        float* ci = c + (i0 + i) * ldc + j0;
+        const float* ti = tile + i * kBlock;
+        if (beta == 0.f) {
+          std::memcpy(ci, ti, sizeof(float) * size_t(cols));  // beta == 0 ignores C, as BLAS does
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) ci[j] = beta * ci[j] + ti[j];
+        }
+      }
+    }
+  }
+}
+
 void gemm_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
   stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, round_bf16);
   stage_timer::add_gemm_flops(m, n, k);
+  gemm_body(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16);
+}
+
+void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
   if (m == 0 || n == 0) return;
   // cblas takes int dimensions; a silent wrap would corrupt memory. (Checked for both backends
   // so the limits do not depend on the build.)
@@ -172,6 +260,17 @@ void gemm_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   if (packed && !omp_in_parallel() &&
       packed_gemm_team(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16))
     return;
+  if (!packed && !omp_in_parallel()) {
+    if (gemm_swaps_operands(trans_a, trans_b, m, n, k)) {
+      gemm_swapped(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    const int64_t parts = gemm_k_parts(trans_a, trans_b, m, n, k);
+    if (parts > 1) {
+      gemm_split_k(trans_a, trans_b, m, n, k, parts, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+  }
   const GemmPanels p = gemm_panels(m, n, k);
   const int64_t row_panels = (m + p.rows - 1) / p.rows, col_panels = (n + p.cols - 1) / p.cols;
   const int64_t panels = row_panels * col_panels;

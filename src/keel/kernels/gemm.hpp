@@ -38,6 +38,16 @@ enum class PadAliasedB { Auto, Always, Never };
 void set_pad_aliased_b(PadAliasedB mode);
 bool gemm_pads_aliased_b();
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k);
+// A weight gradient with few rows of C and a long inner dimension (TN, m <= kGemmSplitKMaxRows,
+// the tokens as k) is cut along k instead: gemm_k_parts(...) parts, each a whole C over a slice
+// of k, summed in a fixed order (gemm.cpp says why). 1 means no cut. A function of the shape alone.
+constexpr int64_t kGemmSplitKMaxRows = 512, kGemmSplitKMinSlice = 512, kGemmSplitKMaxC = int64_t(1) << 20;
+int64_t gemm_k_parts(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k);
+// A weight gradient with many rows and few columns (TN, n <= kGemmSwapMaxCols, m >= 2n) whose
+// transpose would be cut along k is computed as that transpose, Cᵀ = op(B)ᵀ·op(A), then added
+// to C transposed (gemm.cpp says why).
+constexpr int64_t kGemmSwapMaxCols = 256;
+bool gemm_swaps_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k);
 // What computes each panel: the linked BLAS (Backend), or keel's packed microkernel (Packed,
 // block_gemm.hpp; builds whose microkernel is AVX2 only). Auto takes Packed where it was
 // measured faster: when oneDNN runs below AVX-512, the TN form (weight gradients) and every
