@@ -147,4 +147,38 @@ TEST(ActivationKernel, OverwriteInPlaceOfTheOutputGradientMatchesASeparateBuffer
 }
 
 }  // namespace
+// The backward that recomputes the forward's output in the same pass gives what the forward
+// kernel and the overwriting backward kernel give, bit for bit, into separate buffers and in the
+// places the MLP uses (dup in dh's, dgate in gate's), at a length with a vector tail.
+TEST(ActivationKernel, BackwardWithTheOutputMatchesForwardThenBackward) {
+  for (Activation a : kAll) {
+    SCOPED_TRACE(int(a));
+    const auto gate = away_from_zero(1003, 12);
+    const auto up = random_vector(gate.size(), 13, -2.f, 2.f), dh = random_vector(gate.size(), 14);
+    const int64_t n = int64_t(gate.size());
+    std::vector<float> h(gate.size()), dg(gate.size()), du(gate.size());
+    gated_forward(gate.data(), up.data(), h.data(), n, a);
+    gated_backward(gate.data(), up.data(), dh.data(), dg.data(), du.data(), n, a, GradWrite::Overwrite);
+    std::vector<float> h2(gate.size()), dg2(gate.size()), du2(gate.size());
+    gated_backward_and_output(gate.data(), up.data(), dh.data(), h2.data(), dg2.data(), du2.data(), n, a);
+    std::vector<float> h3(gate.size()), gate_in = gate, dh_in = dh;
+    gated_backward_and_output(gate_in.data(), up.data(), dh_in.data(), h3.data(), gate_in.data(), dh_in.data(), n, a);
+    std::vector<float> y(gate.size()), dx(gate.size());
+    activation_forward(gate.data(), y.data(), n, a);
+    activation_backward(gate.data(), dh.data(), dx.data(), n, a, GradWrite::Overwrite);
+    std::vector<float> y2(gate.size()), dx_in = dh;
+    activation_backward_and_output(gate.data(), dx_in.data(), y2.data(), dx_in.data(), n, a);
+    for (size_t i = 0; i < gate.size(); ++i) {
+      ASSERT_EQ(h[i], h2[i]) << i;
+      ASSERT_EQ(dg[i], dg2[i]) << i;
+      ASSERT_EQ(du[i], du2[i]) << i;
+      ASSERT_EQ(h[i], h3[i]) << i;
+      ASSERT_EQ(dg[i], gate_in[i]) << i;
+      ASSERT_EQ(du[i], dh_in[i]) << i;
+      ASSERT_EQ(y[i], y2[i]) << i;
+      ASSERT_EQ(dx[i], dx_in[i]) << i;
+    }
+  }
+}
+
 }  // namespace keel::kernels

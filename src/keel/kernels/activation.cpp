@@ -132,4 +132,34 @@ void gated_backward(const float* gate, const float* up, const float* dh, float* 
   });
 }
 
+// x, dy: (n) -> y, dx: (n)
+void activation_backward_and_output(const float* x, const float* dy, float* y, float* dx, int64_t n, Activation act) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
+  dispatch(act, [&](auto a) {
+    using A = decltype(a);
+#pragma omp parallel for simd schedule(static) simdlen(16)
+    for (int64_t i = 0; i < n; ++i) {
+      const float xi = x[i], dyi = dy[i];  // read before dx (which may be dy) is written
+      y[i] = A::f(xi);
+      dx[i] = 0.f + A::df(xi) * dyi;  // as activation_backward's overwrite computes it
+    }
+  });
+}
+
+// gate, up, dh: (n) -> h, dgate, dup: (n)
+void gated_backward_and_output(const float* gate, const float* up, const float* dh, float* h, float* dgate,
+                               float* dup, int64_t n, Activation act) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Elementwise);
+  dispatch(act, [&](auto a) {
+    using A = decltype(a);
+#pragma omp parallel for simd schedule(static) simdlen(16)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i], u = up[i], d = dh[i];  // read before dgate (gate) and dup (dh) are written
+      h[i] = A::f(g) * u;
+      dgate[i] = 0.f + A::df(g) * u * d;
+      dup[i] = 0.f + A::f(g) * d;
+    }
+  });
+}
+
 }  // namespace keel::kernels

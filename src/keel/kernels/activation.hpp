@@ -27,4 +27,14 @@ void gated_forward(const float* gate, const float* up, float* h, int64_t n, Acti
 void gated_backward(const float* gate, const float* up, const float* dh, float* dgate, float* dup, int64_t n,
                     Activation act, GradWrite write = GradWrite::Accumulate);
 
+// The backward of a layer that did not keep its activation's output: that output recomputed and
+// the input gradient written in one pass, one evaluation of the activation per element, where
+// the forward kernel then the backward kernel above would each evaluate it. Overwriting.
+//   y = act(x) (activation_forward's bits), dx = act'(x)·dy; dx may be dy itself.
+void activation_backward_and_output(const float* x, const float* dy, float* y, float* dx, int64_t n, Activation act);
+//   h = act(gate)·up (gated_forward's bits), dgate = act'(gate)·up·dh, dup = act(gate)·dh; dup
+//   may be dh itself and dgate gate itself (each element is read before it is written).
+void gated_backward_and_output(const float* gate, const float* up, const float* dh, float* h, float* dgate,
+                               float* dup, int64_t n, Activation act);
+
 }  // namespace keel::kernels

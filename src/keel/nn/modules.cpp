@@ -435,25 +435,27 @@ float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const
 
 void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
   const size_t wide = static_cast<size_t>(n * width_);
-  // h again, the same kernel on the same stored gate and up: the forward's bits.
-  float* h = arena.alloc(wide);
-  activate(gate_, up_, h, n);
-  // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass. dup takes
-  // dh's place (the activation's backward reads each dh before writing that dup), dgate h's
-  // (read by down_proj's weight gradient only).
+  // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass.
   constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
+  float* h = arena.alloc(wide);
   float* dh = arena.alloc(wide);
-  kernels::linear_backward(h, store.data(w_down_), dy, dh, store.grad(w_down_), opt_grad(store, b_down_), n, width_,
-                           hidden_, conv1d_, 0, kOnly);
+  // dh first: the down projection's input gradient does not read h. Then h again from the stored
+  // gate and up, in the same pass as the activation's backward (one evaluation of the activation
+  // per element, not two; the forward's bits, rounded under bf16 as activate rounds them); then
+  // the weight gradient that reads h. dup takes dh's place and dgate the stored gate's, each
+  // element read before it is written.
+  kernels::linear_backward(nullptr, store.data(w_down_), dy, dh, nullptr, opt_grad(store, b_down_), n, width_, hidden_,
+                           conv1d_, 0, kOnly);
   float* dup = dh;
-  if (gated_) {
-    float* dgate = h;
-    kernels::gated_backward(gate_, up_, dh, dgate, dup, n * width_, act_, kOnly);
+  float* dgate = gate_;
+  if (gated_) kernels::gated_backward_and_output(gate_, up_, dh, h, dgate, dup, n * width_, act_);
+  else kernels::activation_backward_and_output(up_, dh, h, dup, n * width_, act_);
+  kernels::round_activation(h, n * width_);
+  kernels::linear_backward(h, store.data(w_down_), dy, nullptr, store.grad(w_down_), nullptr, n, width_, hidden_,
+                           conv1d_);
+  if (gated_)
     kernels::linear_backward(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
                              hidden_, width_);
-  } else {
-    kernels::activation_backward(up_, dh, dup, n * width_, act_, kOnly);
-  }
   kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_, width_,
                            conv1d_);
 }

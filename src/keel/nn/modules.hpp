@@ -142,7 +142,7 @@ class Mlp {
   kernels::Activation act_;
   ParamRef w_gate_, b_gate_, w_up_, b_up_, w_down_, b_down_;
   const float* x_ = nullptr;
-  float *gate_ = nullptr, *up_ = nullptr;  // h is recomputed from them
+  float *gate_ = nullptr, *up_ = nullptr;  // h is recomputed from them; the backward overwrites gate with its gradient
 };
 
 // Wires a module into the residual stream:
