@@ -234,17 +234,19 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
     dweights[a] = dot;
   }
 
-  // h again, expert by expert as the forward made it: the same bits.
+  // h again, expert by expert as the forward made it: the same bits. The clamped SwiGLU recomputes
+  // it here; the gated experts below in the pass of the activation's backward.
   float* h = arena.alloc(static_cast<size_t>(rows * F));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
-    if (m > 0) activate(g_ + r0 * gate_cols(), fused_ ? nullptr : u_ + r0 * F, h + r0 * F, m);
+  if (fused_) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
+      if (m > 0) activate(g_ + r0 * gate_cols(), nullptr, h + r0 * F, m);
+    }
   }
   float* dh = arena.alloc_zeroed(static_cast<size_t>(rows * F));
   float* dg = arena.alloc_zeroed(static_cast<size_t>(rows * gate_cols()));
-  // An expert's rows of h are read only by its down projection's weight gradient, before its
-  // rows of du are written (once each: every row belongs to one expert): du takes h's place.
-  float* du = h;
+  // du takes dh's place: each element of dh is read before du's is written.
+  float* du = dh;
   float* dxg = arena.alloc_zeroed(static_cast<size_t>(rows * C));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
@@ -262,10 +264,14 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
       continue;
     }
     const Expert& w = experts_[static_cast<size_t>(e)];
-    kernels::linear_backward(h + r0 * F, store.data(w.down), dye + r0 * C, dh + r0 * F, store.grad(w.down), nullptr,
-                             m, F, C);
-    kernels::gated_backward(g_ + r0 * F, u_ + r0 * F, dh + r0 * F, dg + r0 * F, du + r0 * F, m * F, act_,
-                            kernels::GradWrite::Overwrite);
+    // dh first (it does not read h), then h, dg and du in one pass (as Mlp::backward), then the
+    // down projection's weight gradient.
+    kernels::linear_backward(nullptr, store.data(w.down), dye + r0 * C, dh + r0 * F, nullptr, nullptr, m, F, C);
+    kernels::gated_backward_and_output(g_ + r0 * F, u_ + r0 * F, dh + r0 * F, h + r0 * F, dg + r0 * F, du + r0 * F,
+                                       m * F, act_);
+    kernels::round_activation(h + r0 * F, m * F);
+    kernels::linear_backward(h + r0 * F, store.data(w.down), dye + r0 * C, nullptr, store.grad(w.down), nullptr, m, F,
+                             C);
     kernels::linear_backward(xg_ + r0 * C, store.data(w.gate), dg + r0 * F, dxg + r0 * C, store.grad(w.gate), nullptr,
                              m, C, F);
     kernels::linear_backward(xg_ + r0 * C, store.data(w.up), du + r0 * F, dxg + r0 * C, store.grad(w.up), nullptr, m,
