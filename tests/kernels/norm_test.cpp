@@ -136,5 +136,24 @@ TEST(NormKernel, WeightGradientsOverManyRowsMatchSumsForAnyTeam) {
   }
 }
 
+// Overwriting (QK-Norm's backward, the only writer of dq_raw and dk_raw) gives what accumulating
+// into zeros gives, bit for bit, and never reads the buffer it writes (NaN here, as an unzeroed
+// arena slot may hold); the weight gradient still accumulates.
+TEST(NormKernel, RmsNormOverwriteEqualsAccumulatingIntoZeros) {
+  const int64_t rows = 37, dim = 64;
+  const auto x = random_vector(size_t(rows * dim), 21, -2.f, 2.f), w = random_vector(size_t(dim), 22, 0.5f, 1.5f);
+  const auto dy = random_vector(x.size(), 23);
+  std::vector<float> y(x.size()), rstd(static_cast<size_t>(rows));
+  rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, dim, 1e-6f);
+  std::vector<float> dx0(x.size(), 0.f), dx1(x.size(), std::nanf("")), dw0(size_t(dim), 0.f), dw1(size_t(dim), 0.f);
+  rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx0.data(), dw0.data(), rows, dim);
+  rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx1.data(), dw1.data(), rows, dim, GradWrite::Overwrite);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(dx0[i], dx1[i]) << i;
+  for (size_t j = 0; j < dw0.size(); ++j) ASSERT_EQ(dw0[j], dw1[j]) << j;
+  rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx1.data(), dw1.data(), rows, dim, GradWrite::Overwrite);
+  for (size_t i = 0; i < x.size(); i += 7) ASSERT_EQ(dx0[i], dx1[i]) << i;  // overwritten again, not doubled
+  for (size_t j = 0; j < dw0.size(); j += 7) EXPECT_FLOAT_EQ(dw1[j], 2.f * dw0[j]) << j;
+}
+
 }  // namespace
 }  // namespace keel::kernels

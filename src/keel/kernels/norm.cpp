@@ -68,12 +68,13 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
 
 // x, dy: (rows, dim), rstd: (rows); accumulates dx: (rows, dim), dw: (dim)
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw,
-                      int64_t rows, int64_t dim) {
+                      int64_t rows, int64_t dim, GradWrite dx_write) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
   const bool want_dw = dw != nullptr && w != nullptr;
   if (dx == nullptr && !want_dw) return;
   const RowBlocks blocks = row_blocks(rows);
   double* const partial = want_dw ? block_partials(1, blocks, dim) : nullptr;
+  const bool add = dx_write == GradWrite::Accumulate;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks.count; ++b) {
     double* pw = want_dw ? partial + b * dim : nullptr;
@@ -89,7 +90,11 @@ void rmsnorm_backward(const float* x, const float* w, const float* rstd, const f
 #pragma omp simd reduction(+ : dot)
         for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * (w != nullptr ? w[j] : 1.f) * xr[j];
         const float coef = float(dot * double(rs) * rs * rs / double(dim));
-        for (int64_t j = 0; j < dim; ++j) dxr[j] += rs * (w != nullptr ? w[j] : 1.f) * gr[j] - xr[j] * coef;
+        if (add) {
+          for (int64_t j = 0; j < dim; ++j) dxr[j] += rs * (w != nullptr ? w[j] : 1.f) * gr[j] - xr[j] * coef;
+        } else {  // the only writer: no read of dx
+          for (int64_t j = 0; j < dim; ++j) dxr[j] = 0.f + (rs * (w != nullptr ? w[j] : 1.f) * gr[j] - xr[j] * coef);
+        }
       }
       if (pw != nullptr) {
 #pragma omp simd

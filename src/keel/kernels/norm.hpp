@@ -2,6 +2,8 @@
 // Row normalisations over the last dimension: RMSNorm and LayerNorm.
 #include <cstdint>
 
+#include "keel/kernels/grad_write.hpp"
+
 namespace keel::kernels {
 
 // x: (rows, dim); w: (dim) or nullptr (= ones) -> y: (rows, dim); rstd: (rows), saved for backward.
@@ -9,9 +11,10 @@ namespace keel::kernels {
 // Models whose weight is stored as w-1 (Gemma) pass 1+w.
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps);
 
-// Accumulates dx += ∂L/∂x and dw += ∂L/∂w (dw skipped when w or dw is null; dx when dx is null).
+// Accumulates dx += ∂L/∂x (or overwrites dx with dx_write Overwrite) and dw += ∂L/∂w (dw skipped
+// when w or dw is null; dx when dx is null).
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw,
-                      int64_t rows, int64_t dim);
+                      int64_t rows, int64_t dim, GradWrite dx_write = GradWrite::Accumulate);
 
 // x: (rows, dim); w, b: (dim) or nullptr -> y: (rows, dim); mean, rstd: (rows), saved for backward.
 // y = (x - mean) / sqrt(var + eps) * w + b, biased variance as torch.nn.LayerNorm.

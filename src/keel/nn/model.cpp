@@ -153,15 +153,17 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
   // Reverses Sublayer: out = wrap(x + after(f(before(x)))). grad holds ∂L/∂out on entry and is
   // turned into ∂L/∂x in place: it is the residual path, and the branch's gradient is added into
   // it only after the branch's last read of the gradient it starts from.
-  auto f_backward = [&](const float* dy, float* dx) {
+  auto f_backward = [&](const float* dy, float* dx, kernels::GradWrite dx_write) {
     if (attention) {
-      if (attention_) attention_->backward(store, arena, dy, dx, s);
+      if (attention_) attention_->backward(store, arena, dy, dx, s, dx_write);
       else mla_->backward(store, arena, dy, dx, s);
     } else {
-      if (mlp_) mlp_->backward(store, arena, dy, dx, n);
+      if (mlp_) mlp_->backward(store, arena, dy, dx, n, dx_write);
       else moe_->backward(store, arena, dy, dx, n);
     }
   };
+  // Attention and the dense MLP can overwrite an input gradient; MLA and MoE accumulate only.
+  const bool branch_overwrites = attention ? attention_.has_value() : mlp_.has_value();
   // Everything allocated here is given back at the end, so the attention's backward reuses the
   // memory of the MLP's (the larger of the two, not their sum).
   const Arena::Mark scratch = arena.mark();
@@ -179,16 +181,17 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
     dy = t;
   }
   if (sub.before) {
-    // The branch reads dy (perhaps grad itself) and writes d_in; only the norm writes grad.
-    float* d_in = arena.alloc_zeroed(size);
-    f_backward(dy, d_in);
+    // The branch reads dy (perhaps grad itself) and writes d_in; only the norm writes grad. d_in
+    // has no other writer: a branch that can overwrite it skips the zeroing.
+    float* d_in = branch_overwrites ? arena.alloc(size) : arena.alloc_zeroed(size);
+    f_backward(dy, d_in, branch_overwrites ? kernels::GradWrite::Overwrite : kernels::GradWrite::Accumulate);
     sub.before->backward(store, d_in, grad, n);
   } else {
     // Post or post-sublayer norms: the branch reads wrap's or after's gradient, a buffer of its
     // own, and accumulates into grad. Every placement has a norm (make_sublayer), so the branch
     // never reads grad while it writes it.
     KEEL_CHECK(dy != grad);
-    f_backward(dy, grad);
+    f_backward(dy, grad, kernels::GradWrite::Accumulate);
   }
   arena.release(scratch);
 }

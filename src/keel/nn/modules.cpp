@@ -300,7 +300,8 @@ float* Attention::forward_incremental(const ParameterStore& store, Arena& arena,
   return output(store, arena, finish(store, arena, in, out, lse, d), n);
 }
 
-void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s) {
+void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s,
+                         kernels::GradWrite dx_write) {
   const int64_t n = s.tokens();
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   const bool conv1d = layout_ == arch::ProjectionLayout::Gpt2Conv1D;
@@ -324,7 +325,7 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dqkv, dqkv + hidden_,
                                 dqkv + 2 * hidden_, dims(s));
     kernels::linear_backward(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
-                             3 * hidden_, true);
+                             3 * hidden_, true, 0, dx_write);
     return;
   }
   float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
@@ -346,8 +347,8 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   const float* dq_proj = dq;
   const float* dk_proj = dk;
   if (qk_norm_) {
-    float* dq_raw = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
-    float* dk_raw = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
+    float* dq_raw = arena.alloc(static_cast<size_t>(n * q_out));  // overwritten by the norm's backward
+    float* dk_raw = arena.alloc(static_cast<size_t>(n * kv_out));
     qk_norm_->backward(store, {saved_.q_raw, saved_.k_raw, saved_.q_rstd, saved_.k_rstd}, dq, dk, dq_raw, dk_raw, n);
     dq_proj = dq_raw;
     dk_proj = dk_raw;
@@ -356,11 +357,11 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     float* dqg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
     merge_query_gate(dq_proj, d_gate, dqg, n, heads_, head_dim_);
     kernels::linear_backward(x_, store.data(wq_), dqg, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
-                             2 * q_out);
+                             2 * q_out, false, 0, dx_write);
   } else {
     kernels::linear_backward(x_, store.data(wq_), dq_proj, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
-                             q_out);
-  }
+                             q_out, false, 0, dx_write);
+  }  // q's product is dx's first writer; k's and v's add to it
   kernels::linear_backward(x_, store.data(wk_), dk_proj, dx, store.grad(wk_), opt_grad(store, bk_), n, hidden_, kv_out);
   kernels::linear_backward(x_, store.data(wv_), dv, dx, store.grad(wv_), opt_grad(store, bv_), n, hidden_, kv_out);
 }
@@ -433,7 +434,8 @@ float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const
   return compute(store, arena, x, n, gate, up);
 }
 
-void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n) {
+void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n,
+                   kernels::GradWrite dx_write) {
   const size_t wide = static_cast<size_t>(n * width_);
   // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass.
   constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
@@ -453,11 +455,12 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   kernels::round_activation(h, n * width_);
   kernels::linear_backward(h, store.data(w_down_), dy, nullptr, store.grad(w_down_), nullptr, n, width_, hidden_,
                            conv1d_);
+  // dx's first writer takes dx_write; the second adds to it.
   if (gated_)
     kernels::linear_backward(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
-                             hidden_, width_);
+                             hidden_, width_, false, 0, dx_write);
   kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_, width_,
-                           conv1d_);
+                           conv1d_, 0, gated_ ? kernels::GradWrite::Accumulate : dx_write);
 }
 
 }  // namespace keel::nn

@@ -2,7 +2,9 @@
 // The modules a dense transformer is made of: Norm, Attention, Mlp, and the Sublayer that wires
 // a module into the residual stream with pre-, post- or sandwich norms. Each module registers
 // its parameters by role (arch/tensor_names.hpp), saves what its backward needs in the step's
-// arena, and its backward ACCUMULATES into the input gradient and the parameter gradients.
+// arena, and its backward ACCUMULATES into the input gradient and the parameter gradients
+// (Attention's and Mlp's may overwrite the input gradient instead, for a caller whose buffer has
+// no other writer: no zeroing pass first).
 // Each also has an incremental path (forward_incremental): the same computation for new tokens
 // of one sequence, with a KV cache, saving nothing; generation runs only through it.
 #include <optional>
@@ -69,8 +71,9 @@ class Attention {
   Attention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope);
   // x: (n, hidden) -> returns y: (n, hidden). max_logit: (heads) running max, updated in place.
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
-  // Accumulates dx (n, hidden) and the parameter gradients.
-  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s);
+  // Accumulates dx (n, hidden) (or overwrites it: dx_write) and the parameter gradients.
+  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s,
+                kernels::GradWrite dx_write = kernels::GradWrite::Accumulate);
   // n new tokens of one sequence after the cache's rows: the same projections, QK-Norm and RoPE
   // as forward, their keys and values appended to the cache, attention over every cached row.
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
@@ -131,7 +134,9 @@ class Mlp {
   // of the given width, no biases.
   Mlp(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, bool shared = false, int64_t width = 0);
   float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
-  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n);
+  // Accumulates dx (n, hidden) (or overwrites it: dx_write) and the parameter gradients.
+  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n,
+                kernels::GradWrite dx_write = kernels::GradWrite::Accumulate);
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
 
  private:

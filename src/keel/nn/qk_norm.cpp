@@ -56,9 +56,9 @@ void QkNorm::backward(ParameterStore& store, const Saved& s, const float* dq, co
   // d(1 + w)/dw = 1: the gain's gradient is the weight's.
   std::vector<float> qg(unit_offset_ ? static_cast<size_t>(q_width_) : 0), kg(unit_offset_ ? static_cast<size_t>(k_width_) : 0);
   kernels::rmsnorm_backward(s.q_raw, gain(store, q_gain_, q_width_, qg.data()), s.q_rstd, dq, dq_raw,
-                            store.grad(q_gain_), n * q_rows_per_token_, q_width_);
+                            store.grad(q_gain_), n * q_rows_per_token_, q_width_, kernels::GradWrite::Overwrite);
   kernels::rmsnorm_backward(s.k_raw, gain(store, k_gain_, k_width_, kg.data()), s.k_rstd, dk, dk_raw,
-                            store.grad(k_gain_), n * k_rows_per_token_, k_width_);
+                            store.grad(k_gain_), n * k_rows_per_token_, k_width_, kernels::GradWrite::Overwrite);
 }
 
 }  // namespace keel::nn

@@ -34,7 +34,8 @@ class QkNorm {
   // writing its rstd. Again on the same input, the same bits (the backward recomputes q, k).
   Saved stats(Arena& arena, const float* q_raw, const float* k_raw, int64_t n) const;
   void normalize(const ParameterStore& store, const Saved& saved, float* q, float* k, int64_t n) const;
-  // Accumulates dq_raw, dk_raw and the q_norm / k_norm gain gradients from dq, dk.
+  // Overwrites dq_raw and dk_raw (their only writer: no zeroing first) and accumulates the q_norm /
+  // k_norm gain gradients, from dq, dk.
   void backward(ParameterStore& store, const Saved& saved, const float* dq, const float* dk, float* dq_raw,
                 float* dk_raw, int64_t n) const;
 
