@@ -114,7 +114,8 @@ TEST(GemmKernel, SplitAlongKAndSwappedOperandsMatchReference) {
   };
   for (const GemmCase& cs : cases) {
     SCOPED_TRACE("m=" + std::to_string(cs.m) + " n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k));
-    ASSERT_TRUE(gemm_k_parts(cs.ta, cs.tb, cs.m, cs.n, cs.k) > 1 || gemm_swaps_operands(cs.ta, cs.tb, cs.m, cs.n, cs.k));
+    ASSERT_TRUE(gemm_k_parts(cs.ta, cs.tb, cs.m, cs.n, cs.k) > 1 ||
+                gemm_swaps_operands(cs.ta, cs.tb, cs.m, cs.n, cs.k));
     auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 3, 31);
     auto c_ref = c, c_one = c;
     gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);

@@ -142,19 +142,20 @@ GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
 int64_t gemm_k_parts(bool trans_a, bool /*trans_b*/, int64_t m, int64_t n, int64_t k) {
   // Measured on the weight gradients of d256-d512 layers (2,048 tokens, 2 threads of an Intel
   // Xeon, docs/performance.md "Intel Xeon a fourth time"): a 256 × 1,024 × 2,048 TN product in
-  // panels of 128 × 256 runs at 240-250 GFLOP/s, cut into 4 slices of k at 285-300; 512 × 512 at
-  // 240 against 265-272; with 1,024 rows or more, slices lost. The panels of a C this small each
-  // pack their share of both operands for the whole k; a slice packs each operand once.
+  // panels of 128 × 256 runs at 224-247 GFLOP/s, cut into 4 slices of k at 285-290; 512 × 512
+  // at 233-243 against 265-272; with 1,024 rows or more, slices lost. The panels of a C this
+  // small each pack their share of both operands for the whole k; a slice packs each once.
   if (!trans_a || m > kGemmSplitKMaxRows || m * n > kGemmSplitKMaxC) return 1;
   return std::clamp<int64_t>(k / kGemmSplitKMinSlice, 1, 4);
 }
 
 bool gemm_swaps_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
-  // Measured on 2 threads of an Intel Xeon (docs/performance.md, "Intel Xeon a fourth time"): a
-  // 1,024 × 256 × 2,048 weight gradient runs at 250 GFLOP/s in panels, its transpose 256 × 1,024
-  // cut along k at 280-290. Transposing C back is one pass over m·n floats against m·n·k
-  // multiply-adds. (The LM head's 8,192 × 256 × 1,024 is faster as its transpose too, 284-300
-  // against 240-257, but too large a C to be cut along k: there the pass ate the gain.)
+  // Measured in the step on 2 threads of an Intel Xeon (docs/performance.md, "Intel Xeon a
+  // fourth time"): a 1,024 × 256 × 2,048 weight gradient runs at 251-259 GFLOP/s in panels, as
+  // its transpose 256 × 1,024 cut along k at 257-282. Transposing C back is one pass over m·n
+  // floats against m·n·k multiply-adds. (The LM head's 8,192 × 256 × 1,024 is faster as its
+  // transpose too in a harness, 284-300 against 240-257, but too large a C to be cut along k:
+  // in the step the pass ate the gain.)
   return trans_a && !trans_b && n <= kGemmSwapMaxCols && m >= 2 * n && gemm_k_parts(true, false, n, m, k) > 1;
 }
 

@@ -459,8 +459,8 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   if (gated_)
     kernels::linear_backward(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
                              hidden_, width_, false, 0, dx_write);
-  kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_, width_,
-                           conv1d_, 0, gated_ ? kernels::GradWrite::Accumulate : dx_write);
+  kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_,
+                           width_, conv1d_, 0, gated_ ? kernels::GradWrite::Accumulate : dx_write);
 }
 
 }  // namespace keel::nn
