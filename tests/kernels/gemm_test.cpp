@@ -91,6 +91,8 @@ TEST(GemmKernel, SplitAlongKAndSwappedOperandsFollowTheShape) {
   EXPECT_EQ(gemm_k_parts(true, false, 256, 1024, 1000), 1);  // a slice under 512 tokens
   EXPECT_EQ(gemm_k_parts(true, false, 1536, 512, 2048), 1);  // too many rows: the panels win
   EXPECT_EQ(gemm_k_parts(true, false, 256, 8192, 2048), 1);  // too large a C
+  EXPECT_EQ(gemm_k_parts(true, false, 2, 2, 4096), 1);       // too little work: slices under the smallest panel
+  EXPECT_EQ(gemm_k_parts(true, false, 16, 64, 2048), 2);     // 4.2 MFLOP: two slices of at least 2
   EXPECT_EQ(gemm_k_parts(false, false, 256, 256, 8192), 1);
   EXPECT_EQ(gemm_k_parts(false, true, 256, 256, 8192), 1);
   EXPECT_TRUE(gemm_swaps_operands(true, false, 1024, 256, 2048));   // c_proj's weight gradient

@@ -146,7 +146,9 @@ int64_t gemm_k_parts(bool trans_a, bool /*trans_b*/, int64_t m, int64_t n, int64
   // at 233-243 against 265-272; with 1,024 rows or more, slices lost. The panels of a C this
   // small each pack their share of both operands for the whole k; a slice packs each once.
   if (!trans_a || m > kGemmSplitKMaxRows || m * n > kGemmSplitKMaxC) return 1;
-  return std::clamp<int64_t>(k / kGemmSplitKMinSlice, 1, 4);
+  // No slice smaller than the smallest panel: a tiny product stays one call.
+  const double slices_by_work = 2.0 * double(m) * double(n) * double(k) / kGemmPanelMinFlops;
+  return std::clamp<int64_t>(std::min<int64_t>(k / kGemmSplitKMinSlice, int64_t(slices_by_work)), 1, 4);
 }
 
 bool gemm_swaps_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
