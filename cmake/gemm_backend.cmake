@@ -17,6 +17,22 @@ if(KEEL_GEMM_BACKEND STREQUAL "dnnl")
   target_include_directories(keel_gemm_backend INTERFACE ${KEEL_DNNL_INCLUDE_DIR})
   target_link_libraries(keel_gemm_backend INTERFACE ${KEEL_DNNL_LIBRARY})
   target_compile_definitions(keel_gemm_backend INTERFACE KEEL_GEMM_DNNL=1)
+  # OpenBLAS's OpenMP build beside it, for the products oneDNN runs slower than OpenBLAS where the
+  # CPU has no AVX-512 (weight gradients on AVX2: docs/blas.md, "OpenBLAS beside oneDNN on
+  # AVX2"). Optional: without it those products stay with keel's packed kernel.
+  find_library(KEEL_OPENBLAS_OPENMP_LIBRARY NAMES openblas libopenblas.so.0
+               PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+  find_path(KEEL_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-openmp openblas-pthread)
+  if(KEEL_OPENBLAS_OPENMP_LIBRARY AND KEEL_CBLAS_INCLUDE_DIR)
+    target_include_directories(keel_gemm_backend INTERFACE ${KEEL_CBLAS_INCLUDE_DIR})
+    target_link_libraries(keel_gemm_backend INTERFACE ${KEEL_OPENBLAS_OPENMP_LIBRARY})
+    target_compile_definitions(keel_gemm_backend INTERFACE KEEL_GEMM_OPENBLAS_BESIDE=1)
+    message(STATUS "keel gemm: OpenBLAS (OpenMP build) beside oneDNN: ${KEEL_OPENBLAS_OPENMP_LIBRARY}")
+  else()
+    target_compile_definitions(keel_gemm_backend INTERFACE KEEL_GEMM_OPENBLAS_BESIDE=0)
+    message(STATUS "keel gemm: no OpenBLAS OpenMP build (libopenblas0-openmp, libopenblas-dev); AVX2 weight "
+                   "gradients stay with keel's packed kernel")
+  endif()
 elseif(KEEL_GEMM_BACKEND STREQUAL "openblas")
   # Debian installs the OpenMP build beside the pthread one under the same SONAME; link it by
   # path so the runtime alternative (usually pthread) cannot be picked instead. CMake puts the
@@ -30,7 +46,7 @@ elseif(KEEL_GEMM_BACKEND STREQUAL "openblas")
   find_path(KEEL_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-openmp openblas-pthread REQUIRED)
   target_include_directories(keel_gemm_backend INTERFACE ${KEEL_CBLAS_INCLUDE_DIR})
   target_link_libraries(keel_gemm_backend INTERFACE ${KEEL_OPENBLAS_LIBRARY})
-  target_compile_definitions(keel_gemm_backend INTERFACE KEEL_GEMM_DNNL=0)
+  target_compile_definitions(keel_gemm_backend INTERFACE KEEL_GEMM_DNNL=0 KEEL_GEMM_OPENBLAS_BESIDE=0)
 else()
   message(FATAL_ERROR "KEEL_GEMM_BACKEND must be dnnl or openblas, got '${KEEL_GEMM_BACKEND}'")
 endif()

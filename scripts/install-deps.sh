@@ -10,7 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev
   libdnnl-dev                       # gemm backend (docs/blas.md)
-  libopenblas-dev libopenblas0-openmp libblis-dev   # alternative backend and the BLAS benchmark
+  libopenblas-dev libopenblas0-openmp libblis-dev   # OpenBLAS beside oneDNN (AVX2), the alternative backend, the BLAS benchmark
   chromium                          # renders the `keel compare` report in a test (headless)
   libopenmpi-dev openmpi-bin        # data parallelism (docs/distributed.md)
   iproute2                          # the two-namespace TCP test of data parallelism (ip netns, veth)

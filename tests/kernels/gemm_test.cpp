@@ -18,18 +18,53 @@ using testing::GemmCase;
 using testing::padded_operands;
 using testing::random_vector;
 
-// Runs body once with each kernel gemm can put under its panels (the BLAS and keel's packed
-// microkernel), then restores Auto.
+// Runs body once with each kernel gemm can put under its panels (the BLAS, OpenBLAS beside it
+// where linked, and keel's packed microkernel), then restores Auto.
 template <typename Body>
 void for_each_panel_kernel(Body body) {
-  for (GemmKernel kernel : {GemmKernel::Backend, GemmKernel::Packed}) {
+  for (GemmKernel kernel : {GemmKernel::Backend, GemmKernel::Packed, GemmKernel::Openblas}) {
     set_gemm_kernel(kernel);
-    SCOPED_TRACE(kernel == GemmKernel::Packed ? "packed kernel" : "backend kernel");
+    SCOPED_TRACE(kernel == GemmKernel::Packed ? "packed kernel" : kernel == GemmKernel::Openblas ? "OpenBLAS" : "backend");
     const bool has_microkernel = std::string(block_gemm_isa()) != "gemm";
     EXPECT_EQ(gemm_uses_packed_kernel(false, true, 64), kernel == GemmKernel::Packed && has_microkernel);
+    const PanelKernel expected = kernel == GemmKernel::Packed && has_microkernel ? PanelKernel::Packed
+                                 : kernel == GemmKernel::Openblas && gemm_openblas_beside_backend()
+                                     ? PanelKernel::Openblas
+                                     : PanelKernel::Backend;
+    EXPECT_EQ(gemm_panel_kernel(true, false, 64), expected);
     body();
   }
   set_gemm_kernel(GemmKernel::Auto);
+}
+
+// What Auto puts under the panels: the backend everywhere on AVX-512; below it, with OpenBLAS
+// beside oneDNN, OpenBLAS for weight gradients (TN) and for NN products whose B has a row stride
+// of a multiple of 512 floats, the packed kernel for NT products with that stride, oneDNN for the
+// rest; without OpenBLAS, the packed kernel for TN and for every product with that stride.
+TEST(GemmKernel, AutoPicksThePanelKernelMeasuredFastest) {
+  set_gemm_kernel(GemmKernel::Auto);
+  const bool below = gemm_below_avx512();
+  EXPECT_EQ(below, std::string(block_gemm_isa()) == "avx2" && gemm_backend_isa().find("avx512") == std::string::npos)
+      << gemm_backend_isa();
+  const bool openblas = below && gemm_openblas_beside_backend();
+  EXPECT_EQ(gemm_backend_isa().find("OpenBLAS") != std::string::npos, openblas) << gemm_backend_isa();
+  struct Case {
+    bool ta, tb;
+    int64_t ldb;
+    PanelKernel openblas_beside, packed_only;
+  };
+  const Case cases[] = {
+      {true, false, 256, PanelKernel::Openblas, PanelKernel::Packed},    // weight gradient
+      {true, false, 512, PanelKernel::Openblas, PanelKernel::Packed},
+      {false, false, 1536, PanelKernel::Openblas, PanelKernel::Packed},  // dx through a d512 weight
+      {false, false, 256, PanelKernel::Backend, PanelKernel::Backend},   // the LM head's dx at d256
+      {false, true, 512, PanelKernel::Packed, PanelKernel::Packed},      // a d512 forward
+      {false, true, 256, PanelKernel::Backend, PanelKernel::Backend},    // a d256 forward
+  };
+  for (const Case& cs : cases) {
+    const PanelKernel expected = !below ? PanelKernel::Backend : openblas ? cs.openblas_beside : cs.packed_only;
+    EXPECT_EQ(gemm_panel_kernel(cs.ta, cs.tb, cs.ldb), expected) << cs.ta << cs.tb << " ldb=" << cs.ldb;
+  }
 }
 
 // All four transposition combinations, odd sizes and padded leading dimensions.

@@ -2,11 +2,17 @@
 #include "keel/kernels/gemm.hpp"
 
 // The backend is chosen at configure time (cmake/gemm_backend.cmake): oneDNN by default, as
-// measured fastest on our target CPUs; OpenBLAS (OpenMP build) through cblas otherwise.
+// measured fastest on our target CPUs; OpenBLAS (OpenMP build) through cblas otherwise. Beside
+// oneDNN, OpenBLAS's OpenMP build where installed, for the products it runs faster on CPUs
+// without AVX-512 (gemm_panel_kernel).
 #if KEEL_GEMM_DNNL
 #include <dnnl.h>
-#else
+#endif
+#if !KEEL_GEMM_DNNL || KEEL_GEMM_OPENBLAS_BESIDE
 #include <cblas.h>
+// OpenBLAS's own export (its cblas.h declares it; a netlib cblas.h picked by the alternatives
+// would not): the kernel family it chose for this CPU, "Haswell" say.
+extern "C" char* openblas_get_corename(void);
 #endif
 
 #include <omp.h>
@@ -40,17 +46,33 @@ namespace keel::kernels {
 
 namespace {
 
-// One single-threaded (or, outside a parallel region, library-threaded) call of the backend.
-void backend_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void cblas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if !KEEL_GEMM_DNNL || KEEL_GEMM_OPENBLAS_BESIDE
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
+              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb;
+  (void)beta, (void)c, (void)ldc;
+  KEEL_CHECK(false);  // gemm_panel_kernel never picks OpenBLAS in a build without it
+#endif
+}
+
+// One single-threaded (or, outside a parallel region, library-threaded) call of the library that
+// `kernel` names: the backend, or OpenBLAS beside it.
+void backend_gemm(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (kernel == PanelKernel::Openblas) {
+    cblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
 #if KEEL_GEMM_DNNL
   // dnnl_sgemm is row-major with the same argument order as cblas.
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   KEEL_CHECK(st == dnnl_success);
 #else
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
-              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  cblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
 }
 
@@ -77,11 +99,12 @@ bool backend_lacks_avx512() {
 #endif
 }
 
-// KEEL_GEMM=packed|backend (read once) overrides Auto, for benchmarks and A/B runs.
+// KEEL_GEMM=packed|backend|openblas (read once) overrides Auto, for benchmarks and A/B runs.
 GemmKernel env_gemm_kernel() {
   const char* v = std::getenv("KEEL_GEMM");
   if (v != nullptr && std::strcmp(v, "packed") == 0) return GemmKernel::Packed;
   if (v != nullptr && std::strcmp(v, "backend") == 0) return GemmKernel::Backend;
+  if (v != nullptr && std::strcmp(v, "openblas") == 0) return GemmKernel::Openblas;
   return GemmKernel::Auto;
 }
 
@@ -91,33 +114,65 @@ std::atomic<int> gemm_kernel_mode{static_cast<int>(env_gemm_kernel())};
 
 void set_gemm_kernel(GemmKernel kernel) { gemm_kernel_mode.store(static_cast<int>(kernel)); }
 
-bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb) {
-  if (std::strcmp(block_gemm_isa(), "gemm") == 0) return false;  // no microkernel in this build
-  // Auto is measured on the AVX2 microkernel only; the AVX-512 one ran below oneDNN's AVX-512 kernels.
-  static const bool below_avx512 = std::strcmp(block_gemm_isa(), "avx2") == 0 && backend_lacks_avx512();
+bool gemm_openblas_beside_backend() { return KEEL_GEMM_DNNL && KEEL_GEMM_OPENBLAS_BESIDE; }
+
+bool gemm_below_avx512() {
+  // The AVX2 microkernel in the build and oneDNN held below AVX-512 (by the CPU or a cap).
+  static const bool below = std::strcmp(block_gemm_isa(), "avx2") == 0 && backend_lacks_avx512();
+  return below;
+}
+
+PanelKernel gemm_panel_kernel(bool trans_a, bool trans_b, int64_t ldb) {
+  const bool microkernel = std::strcmp(block_gemm_isa(), "gemm") != 0;
   switch (static_cast<GemmKernel>(gemm_kernel_mode.load(std::memory_order_relaxed))) {
-    case GemmKernel::Packed: return true;
-    case GemmKernel::Backend: return false;
+    case GemmKernel::Packed: return microkernel ? PanelKernel::Packed : PanelKernel::Backend;
+    case GemmKernel::Backend: return PanelKernel::Backend;
+    case GemmKernel::Openblas: return gemm_openblas_beside_backend() ? PanelKernel::Openblas : PanelKernel::Backend;
     case GemmKernel::Auto: break;
+  }
+  // Auto is measured on the AVX2 microkernel only; the AVX-512 one ran below oneDNN's AVX-512
+  // kernels, and so did OpenBLAS's (docs/blas.md).
+  if (!gemm_below_avx512()) return PanelKernel::Backend;
+  const bool packed_stride = ldb % kGemmPackedStride == 0;
+  if (gemm_openblas_beside_backend()) {
+    // In steps on an Intel Xeon running AVX2 code (docs/performance.md, "OpenBLAS beside oneDNN
+    // on AVX2"): OpenBLAS's Haswell kernels ran the weight gradients (TN) at 166-183 GFLOP/s
+    // against 136-164 for the packed kernel, and NN products whose B has a row stride of a
+    // multiple of 512 floats at 179-186 against 151-181; the packed kernel kept the NT ones with
+    // that stride (172-187 against 170-176), and oneDNN the other strides (within noise of
+    // OpenBLAS, or ahead: the LM head's dx 172-184 against 167-171).
+    if (trans_a || (!trans_b && packed_stride)) return PanelKernel::Openblas;
+    return packed_stride ? PanelKernel::Packed : PanelKernel::Backend;
   }
   // In a step under oneDNN's AVX2 kernels (docs/performance.md, "keel's own GEMM on AVX2"): the
   // packed kernel ran weight gradients (TN) faster at every width, and NN and NT products whose B
   // has a row stride of a multiple of 512 floats (2 KiB: the d512 model's weights) at 145-171
   // GFLOP/s against oneDNN's 103-123; other strides measured within noise of oneDNN.
-  return below_avx512 && (trans_a || ldb % kGemmPackedStride == 0);
+  return trans_a || packed_stride ? PanelKernel::Packed : PanelKernel::Backend;
+}
+
+bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb) {
+  return gemm_panel_kernel(trans_a, trans_b, ldb) == PanelKernel::Packed;
 }
 
 void set_pad_aliased_b(PadAliasedB mode) { pad_aliased_b_mode.store(static_cast<int>(mode)); }
 
-bool gemm_pads_aliased_b() {
+namespace {
+
+// Auto pads for oneDNN below AVX-512 only: OpenBLAS's kernels were measured without the copy.
+bool pads_aliased_b(PanelKernel kernel) {
   static const bool automatic = backend_lacks_avx512();
   switch (static_cast<PadAliasedB>(pad_aliased_b_mode.load(std::memory_order_relaxed))) {
     case PadAliasedB::Always: return true;
     case PadAliasedB::Never: return false;
     case PadAliasedB::Auto: break;
   }
-  return automatic;
+  return automatic && kernel == PanelKernel::Backend;
 }
+
+}  // namespace
+
+bool gemm_pads_aliased_b() { return pads_aliased_b(PanelKernel::Backend); }
 
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
   // C wider than kGemmPanelCols is cut into equal column panels (1,536 into 2 × 768, not 1,024
@@ -178,8 +233,9 @@ namespace {
 // the whole of C: the first into C (with beta), the others into kept buffers, then added to C in
 // slice order. Which call computes which slice, and the order of the sums, depend on the shape
 // alone: the bits do not depend on the thread count.
-void gemm_split_k(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t parts, float alpha,
-                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm_split_k(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t parts,
+                  float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) {
   const int64_t slice = (k + parts - 1) / parts;
   thread_local std::vector<float> kept_partials;
   float* partials = kept_buffer(kept_partials, size_t((parts - 1) * m * n));
@@ -190,8 +246,10 @@ void gemm_split_k(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, i
       const int64_t p0 = part * slice, kp = std::min(slice, k - p0);
       const float* ap = trans_a ? a + p0 * lda : a + p0;  // A stored (k, m) when transposed
       const float* bp = trans_b ? b + p0 : b + p0 * ldb;  // B stored (n, k) when transposed
-      if (part == 0) backend_gemm(trans_a, trans_b, m, n, kp, alpha, ap, lda, bp, ldb, beta, c, ldc);
-      else backend_gemm(trans_a, trans_b, m, n, kp, alpha, ap, lda, bp, ldb, 0.f, partials + (part - 1) * m * n, n);
+      if (part == 0) backend_gemm(kernel, trans_a, trans_b, m, n, kp, alpha, ap, lda, bp, ldb, beta, c, ldc);
+      else
+        backend_gemm(kernel, trans_a, trans_b, m, n, kp, alpha, ap, lda, bp, ldb, 0.f, partials + (part - 1) * m * n,
+                     n);
     }  // the for's barrier: every slice is done before the sums read them
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < m; ++i) {
@@ -257,7 +315,8 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     gemm_scale_c(m, n, beta, c, ldc);  // some BLAS builds return early on k == 0 without applying beta
     return;
   }
-  const bool packed = round_bf16 || gemm_uses_packed_kernel(trans_a, trans_b, ldb);
+  const PanelKernel kernel = round_bf16 ? PanelKernel::Packed : gemm_panel_kernel(trans_a, trans_b, ldb);
+  const bool packed = kernel == PanelKernel::Packed;
   // keel's kernel: the team packs B once and shares it (block_gemm.cpp); too large a B takes the
   // panels below, each packing its own.
   if (packed && !omp_in_parallel() &&
@@ -270,7 +329,7 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     }
     const int64_t parts = gemm_k_parts(trans_a, trans_b, m, n, k);
     if (parts > 1) {
-      gemm_split_k(trans_a, trans_b, m, n, k, parts, alpha, a, lda, b, ldb, beta, c, ldc);
+      gemm_split_k(kernel, trans_a, trans_b, m, n, k, parts, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
   }
@@ -299,7 +358,7 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
       ap = padded;
     }
-    backend_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, c + i0 * ldc + j0, ldc);
+    backend_gemm(kernel, trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, c + i0 * ldc + j0, ldc);
   };
   if (omp_in_parallel()) {
     // Inside a parallel region (a GEMM per expert, per attention block) the caller shares the
@@ -317,7 +376,7 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const float* b_source = b;
   const int64_t b_source_ld = ldb;
   const bool pad_b =
-      !packed && !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && gemm_pads_aliased_b();
+      !packed && !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && pads_aliased_b(kernel);
   // A weight gradient's B has a row per token: kept per thread up to 32 MiB, and beyond that
   // allocated for this call only, so a long-sequence step does not hold a token-sized copy.
   thread_local std::vector<float> kept_padded_b;
@@ -413,10 +472,14 @@ std::string gemm_backend_isa() {
       {dnnl_cpu_isa_avx512_core_vnni, "avx512_core_vnni"}, {dnnl_cpu_isa_avx512_core, "avx512_core"},
       {dnnl_cpu_isa_avx2_vnni, "avx2_vnni"}, {dnnl_cpu_isa_avx2, "avx2"}, {dnnl_cpu_isa_avx, "avx"},
       {dnnl_cpu_isa_sse41, "sse41"}};
+  std::string openblas;
+#if KEEL_GEMM_OPENBLAS_BESIDE
+  if (gemm_below_avx512()) openblas = std::string(" + OpenBLAS ") + openblas_get_corename();
+#endif
   for (const auto& [isa, name] : widest_first) {
-    if (dnnl_allows(isa)) return std::string("oneDNN ") + name;
+    if (dnnl_allows(isa)) return std::string("oneDNN ") + name + openblas;
   }
-  return "oneDNN below sse41";
+  return "oneDNN below sse41" + openblas;
 #elif KEEL_GEMM_DNNL
   return "oneDNN";
 #else

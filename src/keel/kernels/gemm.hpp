@@ -48,16 +48,25 @@ int64_t gemm_k_parts(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 // to C transposed (gemm.cpp says why).
 constexpr int64_t kGemmSwapMaxCols = 256;
 bool gemm_swaps_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k);
-// What computes each panel: the linked BLAS (Backend), or keel's packed microkernel (Packed,
-// block_gemm.hpp; builds whose microkernel is AVX2 only). Auto takes Packed where it was
-// measured faster: when oneDNN runs below AVX-512, the TN form (weight gradients) and every
-// product whose B has a row stride of a multiple of kGemmPackedStride floats (docs/performance.md,
-// "keel's own GEMM on AVX2"). KEEL_GEMM=packed|backend overrides Auto;
-// tests force each to compare them.
-enum class GemmKernel { Auto, Backend, Packed };
+// What computes each panel (or slice of k) of a product: the linked BLAS (Backend, oneDNN by
+// default), OpenBLAS's OpenMP build linked beside oneDNN where installed (Openblas), or keel's
+// packed microkernel (Packed, block_gemm.hpp). Auto keeps the backend on AVX-512 and, below it
+// (the AVX2 microkernel, oneDNN without AVX-512), takes what was measured faster in a step
+// (gemm.cpp, docs/performance.md): with OpenBLAS beside oneDNN, OpenBLAS for the TN form (weight
+// gradients) and for NN products whose B has a row stride of a multiple of kGemmPackedStride
+// floats, the packed kernel for NT products with that stride; without it, the packed kernel for
+// the TN form and every product with that stride. KEEL_GEMM=packed|backend|openblas overrides
+// Auto; tests force each to compare them. Every choice is a function of the shape and the
+// machine, never of the thread count.
+enum class GemmKernel { Auto, Backend, Packed, Openblas };
+enum class PanelKernel { Backend, Openblas, Packed };
 void set_gemm_kernel(GemmKernel kernel);
 constexpr int64_t kGemmPackedStride = 512;
-bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb);
+PanelKernel gemm_panel_kernel(bool trans_a, bool trans_b, int64_t ldb);
+bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb);  // gemm_panel_kernel(...) == Packed
+// Whether this build links OpenBLAS beside oneDNN, and whether Auto runs below AVX-512 here.
+bool gemm_openblas_beside_backend();
+bool gemm_below_avx512();
 
 // C = beta·C over m × n: what a product with k == 0 leaves, and the first step of a kernel that
 // then only accumulates. beta == 0 ignores C entirely (it may be uninitialised, even NaN), as BLAS does.
@@ -102,7 +111,8 @@ enum class Bf16GemmPath { Native, Portable };
 bool bf16_gemm_native_available();
 
 // The library behind gemm() and the widest ISA it may use here, "oneDNN avx2" say: the CPU's, or
-// less where ONEDNN_MAX_CPU_ISA caps it. Benchmarks print it beside the CPU's own flags.
+// less where ONEDNN_MAX_CPU_ISA caps it; with OpenBLAS taking products beside it, its kernels too
+// ("oneDNN avx2 + OpenBLAS Haswell"). Benchmarks print it beside the CPU's own flags.
 std::string gemm_backend_isa();
 // The path gemm_bf16 takes now: Native when available, unless forced portable by
 // force_portable_bf16_gemm(true) or the environment variable KEEL_BF16_GEMM=portable (read once).
