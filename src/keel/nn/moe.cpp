@@ -243,11 +243,14 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
       if (m > 0) activate(g_ + r0 * gate_cols(), nullptr, h + r0 * F, m);
     }
   }
-  float* dh = arena.alloc_zeroed(static_cast<size_t>(rows * F));
-  float* dg = arena.alloc_zeroed(static_cast<size_t>(rows * gate_cols()));
+  // Every row belongs to one expert, whose first writer of dh, dg and dxg overwrites them (the
+  // down projection's dx, the activation's backward, the gate's dx): no zeroing pass.
+  constexpr kernels::GradWrite kFirst = kernels::GradWrite::Overwrite;
+  float* dh = arena.alloc(static_cast<size_t>(rows * F));
+  float* dg = arena.alloc(static_cast<size_t>(rows * gate_cols()));
   // du takes dh's place: each element of dh is read before du's is written.
   float* du = dh;
-  float* dxg = arena.alloc_zeroed(static_cast<size_t>(rows * C));
+  float* dxg = arena.alloc(static_cast<size_t>(rows * C));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = r.offsets[static_cast<size_t>(e)], m = r.offsets[static_cast<size_t>(e + 1)] - r0;
     if (m == 0) continue;
@@ -257,23 +260,25 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
       float* d_gate_up_bias = store.grad(gate_up_bias_) + e * 2 * F;
       float* d_down = store.grad(down_) + e * F * C;
       float* d_down_bias = store.grad(down_bias_) + e * C;
-      kernels::linear_backward(h + r0 * F, w.down, dye + r0 * C, dh + r0 * F, d_down, d_down_bias, m, F, C, true);
+      kernels::linear_backward(h + r0 * F, w.down, dye + r0 * C, dh + r0 * F, d_down, d_down_bias, m, F, C, true, 0,
+                               kFirst);
       kernels::clamped_swiglu_backward(g_ + r0 * 2 * F, dh + r0 * F, dg + r0 * 2 * F, m, F, swiglu_);
       kernels::linear_backward(xg_ + r0 * C, w.gate_up, dg + r0 * 2 * F, dxg + r0 * C, d_gate_up, d_gate_up_bias, m, C,
-                               2 * F, true);
+                               2 * F, true, 0, kFirst);
       continue;
     }
     const Expert& w = experts_[static_cast<size_t>(e)];
     // dh first (it does not read h), then h, dg and du in one pass (as Mlp::backward), then the
     // down projection's weight gradient.
-    kernels::linear_backward(nullptr, store.data(w.down), dye + r0 * C, dh + r0 * F, nullptr, nullptr, m, F, C);
+    kernels::linear_backward(nullptr, store.data(w.down), dye + r0 * C, dh + r0 * F, nullptr, nullptr, m, F, C, false,
+                             0, kFirst);
     kernels::gated_backward_and_output(g_ + r0 * F, u_ + r0 * F, dh + r0 * F, h + r0 * F, dg + r0 * F, du + r0 * F,
                                        m * F, act_);
     kernels::round_activation(h + r0 * F, m * F);
     kernels::linear_backward(h + r0 * F, store.data(w.down), dye + r0 * C, nullptr, store.grad(w.down), nullptr, m, F,
                              C);
     kernels::linear_backward(xg_ + r0 * C, store.data(w.gate), dg + r0 * F, dxg + r0 * C, store.grad(w.gate), nullptr,
-                             m, C, F);
+                             m, C, F, false, 0, kFirst);
     kernels::linear_backward(xg_ + r0 * C, store.data(w.up), du + r0 * F, dxg + r0 * C, store.grad(w.up), nullptr, m,
                              C, F);
   }
