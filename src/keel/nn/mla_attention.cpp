@@ -212,15 +212,20 @@ float* MlaAttention::forward_incremental(const ParameterStore& store, Arena& are
   return y;
 }
 
-// Accumulates dx (n, hidden) and every parameter gradient.
-void MlaAttention::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s) {
+// Accumulates every parameter gradient, and dx (n, hidden) as dx_write says: its first writer,
+// kv_a_proj's product, overwrites it or adds to it.
+void MlaAttention::backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s,
+                            kernels::GradWrite dx_write) {
   const int64_t n = s.tokens(), H = heads_, qk = nope_ + rope_dim_, kva_w = kv_rank_ + rope_dim_;
   const int64_t kvb_w = nope_ + v_dim_;
   auto zeroed = [&](int64_t count) { return arena.alloc_zeroed(static_cast<size_t>(count)); };
+  auto uninitialized = [&](int64_t count) { return arena.alloc(static_cast<size_t>(count)); };
+  // Buffers with one writer, which overwrites them: no zeroing pass.
+  constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
 
-  float* d_out = zeroed(n * H * v_dim_);
+  float* d_out = uninitialized(n * H * v_dim_);
   kernels::linear_backward(out_, store.data(wo_), dy, d_out, store.grad(wo_), opt_grad(store, bo_), n, H * v_dim_,
-                           hidden_);
+                           hidden_, false, 0, kOnly);
   float* dq = zeroed(n * H * qk);
   float* dk = zeroed(n * H * qk);
   float* dv = zeroed(n * H * v_dim_);
@@ -244,26 +249,28 @@ void MlaAttention::backward(ParameterStore& store, Arena& arena, const float* dy
     }
   }
   kernels::rope_backward(dkva + kv_rank_, *rope_, s.batch, s.seq, 1, kva_w);
-  float* dc_kv = zeroed(n * kv_rank_);
+  float* dc_kv = uninitialized(n * kv_rank_);
   kernels::linear_backward(c_kv_, store.data(wkv_b_), dkvb, dc_kv, store.grad(wkv_b_), nullptr, n, kv_rank_,
-                           H * kvb_w);
+                           H * kvb_w, false, 0, kOnly);
   float* dc_pre = dc_kv;
   if (latent_norms_) {
-    dc_pre = zeroed(n * kv_rank_);
-    kernels::rmsnorm_backward(c_pre_, store.data(kv_norm_), kv_rstd_, dc_kv, dc_pre, store.grad(kv_norm_), n, kv_rank_);
+    dc_pre = uninitialized(n * kv_rank_);
+    kernels::rmsnorm_backward(c_pre_, store.data(kv_norm_), kv_rstd_, dc_kv, dc_pre, store.grad(kv_norm_), n, kv_rank_,
+                              kOnly);
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) std::memcpy(dkva + t * kva_w, dc_pre + t * kv_rank_, sizeof(float) * kv_rank_);
   kernels::linear_backward(x_, store.data(wkv_a_), dkva, dx, store.grad(wkv_a_), opt_grad(store, bkv_a_), n, hidden_,
-                           kva_w);
+                           kva_w, false, 0, dx_write);  // dx's first writer; q's product adds to it
 
   if (q_rank_ > 0) {
-    float* dc_q = zeroed(n * q_rank_);
-    kernels::linear_backward(c_q_, store.data(wq_b_), dq, dc_q, store.grad(wq_b_), nullptr, n, q_rank_, H * qk);
+    float* dc_q = uninitialized(n * q_rank_);
+    kernels::linear_backward(c_q_, store.data(wq_b_), dq, dc_q, store.grad(wq_b_), nullptr, n, q_rank_, H * qk, false,
+                             0, kOnly);
     float* dq_a = dc_q;
     if (latent_norms_) {
-      dq_a = zeroed(n * q_rank_);
-      kernels::rmsnorm_backward(q_a_, store.data(q_norm_), q_rstd_, dc_q, dq_a, store.grad(q_norm_), n, q_rank_);
+      dq_a = uninitialized(n * q_rank_);
+      kernels::rmsnorm_backward(q_a_, store.data(q_norm_), q_rstd_, dc_q, dq_a, store.grad(q_norm_), n, q_rank_, kOnly);
     }
     kernels::linear_backward(x_, store.data(wq_a_), dq_a, dx, store.grad(wq_a_), opt_grad(store, bq_a_), n, hidden_,
                              q_rank_);

@@ -33,7 +33,8 @@ class MlaAttention {
   // x: (n, hidden) -> returns y: (n, hidden). max_logit: (heads) running max, updated in place.
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   // Accumulates dx (n, hidden) and the parameter gradients.
-  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s);
+  void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s,
+                kernels::GradWrite dx_write = kernels::GradWrite::Accumulate);
 
   // n new tokens after the cache's rows, by the absorbed projections (file comment); appends
   // [c_KV | k^R] of each.

@@ -156,14 +156,14 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
   auto f_backward = [&](const float* dy, float* dx, kernels::GradWrite dx_write) {
     if (attention) {
       if (attention_) attention_->backward(store, arena, dy, dx, s, dx_write);
-      else mla_->backward(store, arena, dy, dx, s);
+      else mla_->backward(store, arena, dy, dx, s, dx_write);
     } else {
       if (mlp_) mlp_->backward(store, arena, dy, dx, n, dx_write);
       else moe_->backward(store, arena, dy, dx, n);
     }
   };
-  // Attention and the dense MLP can overwrite an input gradient; MLA and MoE accumulate only.
-  const bool branch_overwrites = attention ? attention_.has_value() : mlp_.has_value();
+  // Attention (GQA or MLA) and the dense MLP can overwrite an input gradient; MoE accumulates only.
+  const bool branch_overwrites = attention || mlp_.has_value();
   // Everything allocated here is given back at the end, so the attention's backward reuses the
   // memory of the MLP's (the larger of the two, not their sum).
   const Arena::Mark scratch = arena.mark();
