@@ -32,6 +32,7 @@ void for_each_panel_kernel(Body body) {
                                      ? PanelKernel::Openblas
                                      : PanelKernel::Backend;
     EXPECT_EQ(gemm_panel_kernel(true, false, 64), expected);
+    EXPECT_NE(gemm_backend_isa().find("(KEEL_GEMM="), std::string::npos) << gemm_backend_isa();  // forced: named
     body();
   }
   set_gemm_kernel(GemmKernel::Auto);
@@ -48,6 +49,7 @@ TEST(GemmKernel, AutoPicksThePanelKernelMeasuredFastest) {
       << gemm_backend_isa();
   const bool openblas = below && gemm_openblas_beside_backend();
   EXPECT_EQ(gemm_backend_isa().find("OpenBLAS") != std::string::npos, openblas) << gemm_backend_isa();
+  EXPECT_EQ(gemm_backend_isa().find("KEEL_GEMM"), std::string::npos) << gemm_backend_isa();  // Auto: not named
   struct Case {
     bool ta, tb;
     int64_t ldb;

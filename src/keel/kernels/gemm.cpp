@@ -464,7 +464,9 @@ bool bf16_gemm_native_available() {
 #endif
 }
 
-std::string gemm_backend_isa() {
+namespace {
+
+std::string backend_library_isa() {
 #if KEEL_GEMM_DNNL && defined(__x86_64__)
   // Widest first: the effective ISA is the CPU's, or less under ONEDNN_MAX_CPU_ISA.
   static const std::pair<dnnl_cpu_isa_t, const char*> widest_first[] = {
@@ -472,19 +474,34 @@ std::string gemm_backend_isa() {
       {dnnl_cpu_isa_avx512_core_vnni, "avx512_core_vnni"}, {dnnl_cpu_isa_avx512_core, "avx512_core"},
       {dnnl_cpu_isa_avx2_vnni, "avx2_vnni"}, {dnnl_cpu_isa_avx2, "avx2"}, {dnnl_cpu_isa_avx, "avx"},
       {dnnl_cpu_isa_sse41, "sse41"}};
-  std::string openblas;
-#if KEEL_GEMM_OPENBLAS_BESIDE
-  if (gemm_below_avx512()) openblas = std::string(" + OpenBLAS ") + openblas_get_corename();
-#endif
   for (const auto& [isa, name] : widest_first) {
-    if (dnnl_allows(isa)) return std::string("oneDNN ") + name + openblas;
+    if (dnnl_allows(isa)) return std::string("oneDNN ") + name;
   }
-  return "oneDNN below sse41" + openblas;
+  return "oneDNN below sse41";
 #elif KEEL_GEMM_DNNL
   return "oneDNN";
 #else
   return "OpenBLAS";
 #endif
+}
+
+}  // namespace
+
+std::string gemm_backend_isa() {
+  std::string text = backend_library_isa();
+  const auto mode = static_cast<GemmKernel>(gemm_kernel_mode.load(std::memory_order_relaxed));
+#if KEEL_GEMM_OPENBLAS_BESIDE
+  if ((mode == GemmKernel::Auto && gemm_below_avx512()) || mode == GemmKernel::Openblas)
+    text += std::string(" + OpenBLAS ") + openblas_get_corename();
+#endif
+  // A forced kernel (KEEL_GEMM, or a test) is named, so a benchmark's line says what ran.
+  switch (mode) {
+    case GemmKernel::Auto: break;
+    case GemmKernel::Backend: text += " (KEEL_GEMM=backend)"; break;
+    case GemmKernel::Packed: text += " (KEEL_GEMM=packed)"; break;
+    case GemmKernel::Openblas: text += " (KEEL_GEMM=openblas)"; break;
+  }
+  return text;
 }
 
 Bf16GemmPath bf16_gemm_path() {
