@@ -46,33 +46,24 @@ namespace keel::kernels {
 
 namespace {
 
-void cblas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-#if !KEEL_GEMM_DNNL || KEEL_GEMM_OPENBLAS_BESIDE
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
-              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-#else
-  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb;
-  (void)beta, (void)c, (void)ldc;
-  KEEL_CHECK(false);  // gemm_panel_kernel never picks OpenBLAS in a build without it
-#endif
-}
-
 // One single-threaded (or, outside a parallel region, library-threaded) call of the library that
-// `kernel` names: the backend, or OpenBLAS beside it.
+// `kernel` names: the backend, or OpenBLAS beside it (gemm_panel_kernel picks OpenBLAS only in a
+// build that links it).
 void backend_gemm(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (kernel == PanelKernel::Openblas) {
-    cblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  (void)kernel;
+#if !KEEL_GEMM_DNNL || KEEL_GEMM_OPENBLAS_BESIDE
+  if (!KEEL_GEMM_DNNL || kernel == PanelKernel::Openblas) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
+                int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
     return;
   }
+#endif
 #if KEEL_GEMM_DNNL
   // dnnl_sgemm is row-major with the same argument order as cblas.
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   KEEL_CHECK(st == dnnl_success);
-#else
-  cblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
 }
 

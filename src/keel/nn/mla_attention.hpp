@@ -32,7 +32,7 @@ class MlaAttention {
   MlaAttention(ParameterStore& store, const arch::ModelSpec& spec, int64_t layer, const kernels::RopeTable* rope);
   // x: (n, hidden) -> returns y: (n, hidden). max_logit: (heads) running max, updated in place.
   float* forward(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
-  // Accumulates dx (n, hidden) and the parameter gradients.
+  // Accumulates the parameter gradients; dx (n, hidden) is overwritten or added to as dx_write says.
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, const StepShape& s,
                 kernels::GradWrite dx_write = kernels::GradWrite::Accumulate);
 
