@@ -192,6 +192,33 @@ TEST(GemmBf16, MixedFollowsTheThreadPrecision) {
   EXPECT_NE(fp32, bf16);
 }
 
+// A bias through gemm_bf16 (and gemm_mixed under bf16) is added in fp32 to the finished product
+// of the rounded operands: the bits of gemm_bf16 without it, then the bias added, on both paths.
+TEST(GemmBf16, BiasIsAddedInFp32AfterTheProductOnBothPaths) {
+  PathGuard guard;
+  for (bool portable : {false, true}) {
+    if (!portable && !bf16_gemm_native_available()) continue;
+    force_portable_bf16_gemm(portable);
+    SCOPED_TRACE(portable ? "portable" : "native");
+    for (const GemmCase& cs : {GemmCase{false, true, 300, 700, 64, 1.f, 0.f}, GemmCase{false, false, 17, 33, 9, 1.f, 1.f},
+                               GemmCase{false, false, 1100, 40, 130, 0.5f, 0.f}}) {
+      auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 2, 51);
+      const auto bias = random_vector(size_t(cs.n), 54);
+      auto expected = c, got = c, mixed = c;
+      gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, expected.data(), ldc);
+      for (int64_t i = 0; i < cs.m; ++i)
+        for (int64_t j = 0; j < cs.n; ++j) expected[size_t(i * ldc + j)] += bias[size_t(j)];
+      gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc,
+                bias.data());
+      ASSERT_EQ(got, expected) << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k;
+      PrecisionScope scope(Precision::Bf16);
+      gemm_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, mixed.data(), ldc,
+                 bias.data());
+      ASSERT_EQ(mixed, expected);
+    }
+  }
+}
+
 TEST(Precision, RoundToBf16IsNearestEvenAndIdempotent) {
   // 1 + 2⁻⁸ is the tie between 1 and 1 + 2⁻⁷: ties go to the even significand (1).
   std::vector<float> x = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-9f, -3.14159265f, 0.f, 65504.f};

@@ -316,6 +316,64 @@ TEST(GemmKernel, PackedTeamMatchesOneThreadBitForBit) {
   EXPECT_FALSE(packed_gemm_team(false, false, 1, int64_t(1) << 15, 1 << 9, 1.f, &x, 1, &x, 1, 0.f, nullptr, 1));
 }
 
+// gemm_bias adds the bias to each panel as it is finished: the same bits as gemm followed by a
+// pass adding the bias, on every kernel and every route gemm takes (panels, one panel, a k cut,
+// swapped operands, the packed team, k == 0, inside a parallel region), and the padding untouched.
+TEST(GemmKernel, BiasIsAddedToTheFinishedProductOnEveryPath) {
+  const GemmCase cases[] = {
+      {false, false, 600, 1100, 70, 1.f, 0.f},  // NN, several row and column panels
+      {false, true, 300, 700, 600, 0.5f, 0.f},  // NT, the packed team under the packed kernel
+      {false, false, 5, 7, 3, 1.f, 1.f},        // one panel, C accumulated
+      {true, false, 200, 130, 2051, 1.f, 0.f},  // cut along k
+      {true, false, 515, 200, 1536, 2.f, -0.5f},  // swapped operands
+      {false, true, 9, 33, 0, 1.f, 0.5f},       // k == 0: beta·C + bias
+  };
+  for_each_panel_kernel([&] {
+    for (const GemmCase& cs : cases) {
+      SCOPED_TRACE("ta=" + std::to_string(cs.ta) + " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) +
+                   " n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k));
+      auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, 3, 41);
+      if (cs.k == 0) {  // operands of no rows: keep a valid pointer
+        a.assign(1, 0.f);
+        b.assign(1, 0.f);
+      }
+      const auto bias = random_vector(size_t(cs.n), 44);
+      auto expected = c;
+      gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, expected.data(), ldc);
+      for (int64_t i = 0; i < cs.m; ++i)
+        for (int64_t j = 0; j < cs.n; ++j) expected[size_t(i * ldc + j)] += bias[size_t(j)];
+      const int saved = omp_get_max_threads();
+      for (int threads : {1, std::max(2, saved)}) {
+        omp_set_num_threads(threads);
+        auto got = c;
+        gemm_bias(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc,
+                  bias.data());
+        ASSERT_EQ(got, expected) << threads << " threads";  // padding included
+      }
+      omp_set_num_threads(saved);
+      // Inside a parallel region each thread runs the panels itself (a GEMM per expert), without
+      // the k cut, so against gemm run there too.
+      std::vector<std::vector<float>> with_bias(2, c), then_bias(2, c);
+#pragma omp parallel num_threads(2)
+      {
+        const size_t t = size_t(omp_get_thread_num());
+        gemm_bias(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta,
+                  with_bias[t].data(), ldc, bias.data());
+        gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, then_bias[t].data(), ldc);
+        for (int64_t i = 0; i < cs.m; ++i)
+          for (int64_t j = 0; j < cs.n; ++j) then_bias[t][size_t(i * ldc + j)] += bias[size_t(j)];
+      }
+      for (size_t t = 0; t < 2; ++t) ASSERT_EQ(with_bias[t], then_bias[t]) << "inside a parallel region";
+      // No bias is gemm.
+      auto plain = c, none = c;
+      gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, plain.data(), ldc);
+      gemm_bias(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, none.data(), ldc,
+                nullptr);
+      ASSERT_EQ(none, plain);
+    }
+  });
+}
+
 TEST(GemmKernel, ZeroInnerDimensionScalesByBeta) {
   std::vector<float> c = {1.f, 2.f, 3.f, 4.f};
   const float dummy = 0.f;

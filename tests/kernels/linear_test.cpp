@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "gradient_check.hpp"
@@ -48,6 +50,27 @@ void check_linear(bool w_in_out, bool bias) {
 TEST(LinearKernel, GradientsMatchFiniteDifferencesPyTorchLayout) { check_linear(false, true); }
 TEST(LinearKernel, GradientsMatchFiniteDifferencesConv1dLayout) { check_linear(true, true); }
 TEST(LinearKernel, GradientsMatchFiniteDifferencesNoBias) { check_linear(false, false); }
+
+// The forward overwrites y: what was there before (NaN here) plays no part, with or without a
+// bias, over a product large enough to be cut into panels.
+TEST(LinearKernel, ForwardIgnoresWhatTheOutputHeld) {
+  const int64_t n = 700, in = 40, out = 1100;
+  const auto x = random_vector(size_t(n * in), 61), w = random_vector(size_t(out * in), 62),
+             b = random_vector(size_t(out), 63);
+  for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+    std::vector<float> y(size_t(n * out), std::numeric_limits<float>::quiet_NaN());
+    linear_forward(x.data(), w.data(), bias, y.data(), n, in, out);
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = bias != nullptr ? double(bias[o]) : 0.0;
+        for (int64_t c = 0; c < in; ++c) acc += double(x[size_t(i * in + c)]) * double(w[size_t(o * in + c)]);
+        const double diff = std::abs(double(y[size_t(i * out + o)]) - acc);
+        worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+      }
+    EXPECT_LT(worst, 1e-5) << (bias != nullptr ? "with bias" : "without");
+  }
+}
 
 TEST(LinearKernel, NullGradientsAreSkipped) {
   const int64_t n = 3, in = 4, out = 2;

@@ -257,7 +257,26 @@ void gemm_split_k(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int
 // gemm, or with round_bf16 gemm_bf16's portable path: keel's packed kernel on every panel, its
 // operands rounded to bf16 as they are packed.
 void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16);
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16,
+               const float* bias = nullptr);
+
+// C(rows, cols) += bias(cols) in every row: a linear layer's bias, added once C is final.
+void add_bias_rows(float* c, int64_t rows, int64_t cols, int64_t ldc, const float* bias) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* ci = c + i * ldc;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) ci[j] += bias[j];
+  }
+}
+
+// add_bias_rows over the whole of C, by the team where the caller is not inside a parallel region.
+void add_bias_pass(float* c, int64_t rows, int64_t cols, int64_t ldc, const float* bias) {
+  if (bias == nullptr) return;
+  constexpr int64_t kRows = 64;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > 16384)
+  for (int64_t i0 = 0; i0 < rows; i0 += kRows)
+    add_bias_rows(c + i0 * ldc, std::min(kRows, rows - i0), cols, ldc, bias);
+}
 
 // C = beta·C + alpha·op(A)·op(B) computed as its transpose T = alpha·Bᵀ·A (n × m, the TN form
 // with the operands' roles exchanged), then added to C transposed.
@@ -290,20 +309,22 @@ void gemm_swapped(int64_t m, int64_t n, int64_t k, float alpha, const float* a, 
 }
 
 void gemm_run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16,
+              const float* bias = nullptr) {
   stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, round_bf16);
   stage_timer::add_gemm_flops(m, n, k);
-  gemm_body(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16);
+  gemm_body(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16, bias);
 }
 
 void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16) {
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool round_bf16, const float* bias) {
   if (m == 0 || n == 0) return;
   // cblas takes int dimensions; a silent wrap would corrupt memory. (Checked for both backends
   // so the limits do not depend on the build.)
   KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
   if (k == 0) {
     gemm_scale_c(m, n, beta, c, ldc);  // some BLAS builds return early on k == 0 without applying beta
+    add_bias_pass(c, m, n, ldc, bias);
     return;
   }
   const PanelKernel kernel = round_bf16 ? PanelKernel::Packed : gemm_panel_kernel(trans_a, trans_b, ldb);
@@ -311,16 +332,20 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   // keel's kernel: the team packs B once and shares it (block_gemm.cpp); too large a B takes the
   // panels below, each packing its own.
   if (packed && !omp_in_parallel() &&
-      packed_gemm_team(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16))
+      packed_gemm_team(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, round_bf16)) {
+    add_bias_pass(c, m, n, ldc, bias);
     return;
+  }
   if (!packed && !omp_in_parallel()) {
     if (gemm_swaps_operands(trans_a, trans_b, m, n, k)) {
       gemm_swapped(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      add_bias_pass(c, m, n, ldc, bias);
       return;
     }
     const int64_t parts = gemm_k_parts(trans_a, trans_b, m, n, k);
     if (parts > 1) {
       gemm_split_k(kernel, trans_a, trans_b, m, n, k, parts, alpha, a, lda, b, ldb, beta, c, ldc);
+      add_bias_pass(c, m, n, ldc, bias);
       return;
     }
   }
@@ -332,9 +357,11 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     const int64_t mi = std::min(p.rows, m - i0), nj = std::min(p.cols, n - j0);
     const float* ap = trans_a ? a + i0 : a + i0 * lda;  // A stored (k, m) when transposed
     const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
+    float* cp = c + i0 * ldc + j0;
     if (packed) {
       // Packing copies both operands into cache-sized blocks: no stride aliases.
-      packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, c + i0 * ldc + j0, ldc, round_bf16);
+      packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, cp, ldc, round_bf16);
+      if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);  // the panel is still in cache
       return;
     }
     int64_t ap_ld = lda;
@@ -349,7 +376,8 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
       ap = padded;
     }
-    backend_gemm(kernel, trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, c + i0 * ldc + j0, ldc);
+    backend_gemm(kernel, trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, cp, ldc);
+    if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);  // the panel is still in cache
   };
   if (omp_in_parallel()) {
     // Inside a parallel region (a GEMM per expert, per attention block) the caller shares the
@@ -408,6 +436,11 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false);
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false, bias);
 }
 
 namespace {
@@ -520,10 +553,10 @@ std::string bf16_emulation_note() {
 
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, true);
   if (m == 0 || n == 0 || k == 0) {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // no product: only beta
+    gemm_bias(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);  // no product: only beta
     return;
   }
   // The stored shapes: A is (m, k) or (k, m); B is (k, n) or (n, k). Packed contiguously, so the
@@ -535,13 +568,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     uint16_t* b16 = kept_buffer(native_b_words, size_t(b_rows * b_cols));
     round_operand(b, b_rows, b_cols, ldb, b16);
     gemm_bf16_words_b(trans_a, trans_b, m, n, k, alpha, a, lda, b16, b_cols, beta, c, ldc);
+    add_bias_pass(c, m, n, ldc, bias);  // oneDNN's one call leaves no panel to add it to
     return;
   }
 #endif
   if (std::strcmp(block_gemm_isa(), "gemm") != 0) {
     // Rounded as packed, block by block in cache: no rounded copies of the whole operands
     // (docs/precision.md, "Without AVX512-BF16").
-    gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
+    gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true, bias);
     return;
   }
   thread_local std::vector<float> a_buf, b_buf;
@@ -549,7 +583,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   float* br = kept_buffer(b_buf, size_t(b_rows * b_cols));
   round_operand(a, a_rows, a_cols, lda, ar);
   round_operand(b, b_rows, b_cols, ldb, br);
-  gemm(trans_a, trans_b, m, n, k, alpha, ar, a_cols, br, b_cols, beta, c, ldc);
+  gemm_bias(trans_a, trans_b, m, n, k, alpha, ar, a_cols, br, b_cols, beta, c, ldc, bias);
 }
 
 void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
@@ -586,11 +620,11 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 }
 
 void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   if (matmul_precision() == Precision::Bf16)
-    gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   else
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_bias(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 // C: (m, n) = alpha·op(A)(m, k)·op(B)(k, n) + beta·C

@@ -12,6 +12,13 @@ namespace keel::kernels {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// gemm, then bias(n) added to every row of C: C = alpha·op(A)·op(B) + beta·C + 1·biasᵀ. A linear
+// layer's output with its bias: each panel of C gets the bias as soon as its product is done,
+// while it is still in cache, instead of C being seeded with the bias by a pass of its own and
+// read back by the product (beta = 1). bias == nullptr is gemm.
+void gemm_bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias);
+
 // How gemm cuts C into panels that the threads share (rows x cols each, the last ones smaller):
 // a function of the shape alone, never of the thread count (gemm.cpp says why).
 struct GemmPanels {
@@ -88,8 +95,9 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 //   portable: any CPU. keel's packed kernel (block_gemm.hpp) with each block of the operands
 //             rounded as it is packed; where the build has no microkernel, operands rounded into
 //             fp32 buffers, then the fp32 gemm above.
+// bias: as gemm_bias, added in fp32 to the product of the rounded operands.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 
 // gemm_bf16 with op(B) given as bf16 words, rounded once by the caller for several products (the
 // LM head's weight, which every chunk of the loss reads twice): b16 is B's stored matrix after
@@ -104,7 +112,8 @@ void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t
 // gemm when the calling thread's matmul precision (kernels/precision.hpp) is fp32, gemm_bf16
 // when it is bf16. The model's matmuls all go through here.
 void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                const float* bias = nullptr);
 
 enum class Bf16GemmPath { Native, Portable };
 // True when the build links oneDNN and the CPU reports AVX512-BF16.

@@ -11,17 +11,12 @@ namespace keel::kernels {
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in, int64_t out,
                     bool w_in_out, int64_t ldw) {
   if (ldw == 0) ldw = w_in_out ? out : in;
-  float beta = 0.f;
-  if (b != nullptr) {
-    // Seed y with the bias so the gemm adds onto it (beta = 1) instead of a second pass over y.
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) std::copy(b, b + out, y + i * out);
-    beta = 1.f;
-  }
+  // The bias goes in as each panel of y is finished (gemm_bias), not as a seed that the product
+  // reads back: a write and a read of y fewer.
   if (w_in_out)
-    gemm_mixed(false, false, n, out, in, 1.f, x, in, w, ldw, beta, y, out);
+    gemm_mixed(false, false, n, out, in, 1.f, x, in, w, ldw, 0.f, y, out, b);
   else
-    gemm_mixed(false, true, n, out, in, 1.f, x, in, w, ldw, beta, y, out);
+    gemm_mixed(false, true, n, out, in, 1.f, x, in, w, ldw, 0.f, y, out, b);
   // bf16 mixed precision: the output is a bf16 activation, as a bf16 nn.Linear under
   // torch.autocast returns one (the bias is added in fp32 before the rounding).
   round_activation(y, n * out);
