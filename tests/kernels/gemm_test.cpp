@@ -374,6 +374,70 @@ TEST(GemmKernel, BiasIsAddedToTheFinishedProductOnEveryPath) {
   });
 }
 
+// TN panels run as NN products on A's slice transposed (Always), or as they are (Never): both
+// within rounding of the reference, the bits independent of the thread count, the padding and
+// a bias handled; Auto transposes for oneDNN on AVX-512 only, never for the packed kernel.
+TEST(GemmKernel, TransposedTnPanelsMatchReference) {
+  EXPECT_FALSE(gemm_transposes_tn_panels(PanelKernel::Packed));
+  EXPECT_FALSE(gemm_transposes_tn_panels(PanelKernel::Openblas));
+  EXPECT_EQ(gemm_transposes_tn_panels(PanelKernel::Backend),
+            !gemm_below_avx512() && gemm_backend_isa().rfind("oneDNN", 0) == 0 &&
+                gemm_backend_isa().find("avx512") != std::string::npos)
+      << gemm_backend_isa();
+  const GemmCase cases[] = {
+      {true, false, 1536, 512, 300, 1.f, 0.f},  // the d512 model's down_proj weight gradient, shorter
+      {true, true, 700, 300, 129, 0.5f, 1.f},   // both transposed, C accumulated
+      {true, false, 1100, 40, 70, 2.f, -0.5f},  // narrow: one column panel, ragged rows
+      {true, false, 512, 256, 333, 1.f, 0.f},   // A's row stride a multiple of 256 floats
+  };
+  for (const GemmCase& cs : cases) {
+    ASSERT_EQ(gemm_k_parts(cs.ta, cs.tb, cs.m, cs.n, cs.k), 1);
+    ASSERT_FALSE(gemm_swaps_operands(cs.ta, cs.tb, cs.m, cs.n, cs.k));
+  }
+  for_each_panel_kernel([&] {
+    for (const GemmCase& cs : cases) {
+      SCOPED_TRACE("tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) + " n=" + std::to_string(cs.n) +
+                   " k=" + std::to_string(cs.k));
+      const int64_t pad = cs.m == 512 ? 0 : 3;
+      auto [lda, ldb, ldc, a, b, c] = padded_operands(cs, pad, 71);
+      const auto bias = random_vector(size_t(cs.n), 74);
+      auto reference = c;
+      gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta,
+                     reference.data(), ldc);
+      std::vector<float> results[2];
+      for (TransposeTnPanels mode : {TransposeTnPanels::Always, TransposeTnPanels::Never}) {
+        set_transpose_tn_panels(mode);
+        SCOPED_TRACE(mode == TransposeTnPanels::Always ? "transposed" : "as TN");
+        auto two = c, one = c;
+        gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, two.data(), ldc);
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, one.data(), ldc);
+        omp_set_num_threads(saved);
+        ASSERT_EQ(two, one);  // padding included
+        double worst = 0;
+        for (int64_t i = 0; i < cs.m; ++i)
+          for (int64_t j = 0; j < cs.n; ++j) {
+            const double diff = std::abs(double(two[size_t(i * ldc + j)]) - double(reference[size_t(i * ldc + j)]));
+            worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+          }
+        EXPECT_LT(worst, 1e-6 * double(cs.k));
+        auto with_bias = c, then_bias = two;
+        gemm_bias(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, with_bias.data(),
+                  ldc, bias.data());
+        for (int64_t i = 0; i < cs.m; ++i)
+          for (int64_t j = 0; j < cs.n; ++j) then_bias[size_t(i * ldc + j)] += bias[size_t(j)];
+        ASSERT_EQ(with_bias, then_bias);
+        results[mode == TransposeTnPanels::Always ? 0 : 1] = two;
+      }
+      set_transpose_tn_panels(TransposeTnPanels::Auto);
+      // The two forms are different summation orders of the same products.
+      for (size_t i = 0; i < results[0].size(); ++i)
+        ASSERT_NEAR(results[0][i], results[1][i], 2e-6 * double(cs.k)) << i;
+    }
+  });
+}
+
 TEST(GemmKernel, ZeroInnerDimensionScalesByBeta) {
   std::vector<float> c = {1.f, 2.f, 3.f, 4.f};
   const float dummy = 0.f;

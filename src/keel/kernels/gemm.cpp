@@ -72,6 +72,7 @@ void backend_gemm(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int
 namespace {
 
 std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
+std::atomic<int> transpose_tn_mode{static_cast<int>(TransposeTnPanels::Auto)};
 
 #if KEEL_GEMM_DNNL && defined(__x86_64__)
 // Whether oneDNN's kernels may use `isa`: the CPU must have it and ONEDNN_MAX_CPU_ISA must not
@@ -164,6 +165,21 @@ bool pads_aliased_b(PanelKernel kernel) {
 }  // namespace
 
 bool gemm_pads_aliased_b() { return pads_aliased_b(PanelKernel::Backend); }
+
+void set_transpose_tn_panels(TransposeTnPanels mode) { transpose_tn_mode.store(static_cast<int>(mode)); }
+
+// Auto transposes for oneDNN on AVX-512, where the NN form was measured faster; OpenBLAS and the
+// packed kernel take the TN form as it is (the packed kernel packs A either way).
+bool gemm_transposes_tn_panels(PanelKernel kernel) {
+  if (kernel == PanelKernel::Packed) return false;
+  switch (static_cast<TransposeTnPanels>(transpose_tn_mode.load(std::memory_order_relaxed))) {
+    case TransposeTnPanels::Always: return true;
+    case TransposeTnPanels::Never: return false;
+    case TransposeTnPanels::Auto: break;
+  }
+  static const bool automatic = KEEL_GEMM_DNNL && !backend_lacks_avx512();
+  return automatic && kernel == PanelKernel::Backend;
+}
 
 GemmPanels gemm_panels(int64_t m, int64_t n, int64_t k) {
   // C wider than kGemmPanelCols is cut into equal column panels (1,536 into 2 × 768, not 1,024
@@ -364,13 +380,26 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);  // the panel is still in cache
       return;
     }
+    thread_local std::vector<float> panel_a;
+    if (trans_a && gemm_transposes_tn_panels(kernel)) {
+      // A weight gradient's panel as an NN product: its k × mi slice of A transposed into a
+      // buffer (mi rows of k at a stride off the aliasing multiples) that the product reads
+      // contiguously. oneDNN's AVX-512 kernels run the NN form 4-6% faster at the step's shapes
+      // (docs/performance.md, "Weight gradients as NN products"); it is read once to be copied,
+      // as the padded copy below reads it.
+      const int64_t ld = gemm_unaliased_stride(k);
+      float* transposed = kept_buffer(panel_a, size_t(mi * ld));
+      transpose_block(ap, k, mi, lda, transposed, ld);
+      backend_gemm(kernel, false, trans_b, mi, nj, k, alpha, transposed, ld, bp, ldb, beta, cp, ldc);
+      if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);
+      return;
+    }
     int64_t ap_ld = lda;
     if (trans_a && lda % kGemmAliasedStrideA == 0 && lda > mi) {
       // A transposed with a row stride of a multiple of 1 KiB (a weight gradient dyᵀ·x of a
       // layer 1,024 or 8,192 wide): the backend's reads of the panel's k rows then fall into a
       // few cache sets and run at half speed (38 against 80 GFLOP/s on one Zen 3 core). Copy
       // the panel to a padded stride first; it is read once, the product reads it n/16 times.
-      thread_local std::vector<float> panel_a;
       ap_ld = mi + 16;
       float* padded = kept_buffer(panel_a, size_t(k * ap_ld));
       for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
@@ -593,7 +622,6 @@ void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t
 void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                        int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c, int64_t ldc) {
   stage_timer::GemmScope gemm_scope(trans_a, trans_b, m, n, k, true);
-  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (m == 0 || n == 0 || k == 0) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, nullptr, ldb, beta, c, ldc);  // no product: only beta
@@ -601,6 +629,7 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
+    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
     stage_timer::add_gemm_flops(m, n, k);
     uint16_t* a16 = kept_buffer(native_a_words, size_t(a_rows * a_cols));
     round_operand(a, a_rows, a_cols, lda, a16);

@@ -75,6 +75,14 @@ bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb);  // gemm_
 bool gemm_openblas_beside_backend();
 bool gemm_below_avx512();
 
+// A panel of a TN product (a weight gradient that is neither cut along k nor swapped) run as an
+// NN product on its slice of A transposed into a buffer (gemm.cpp says why). Auto does so on
+// oneDNN's AVX-512 kernels, where it was measured faster; tests force Always or Never to check
+// both give C within rounding of the reference and neither depends on the thread count.
+enum class TransposeTnPanels { Auto, Always, Never };
+void set_transpose_tn_panels(TransposeTnPanels mode);
+bool gemm_transposes_tn_panels(PanelKernel kernel);
+
 // C = beta·C over m × n: what a product with k == 0 leaves, and the first step of a kernel that
 // then only accumulates. beta == 0 ignores C entirely (it may be uninitialised, even NaN), as BLAS does.
 inline void gemm_scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
