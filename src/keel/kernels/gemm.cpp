@@ -72,7 +72,14 @@ void backend_gemm(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int
 namespace {
 
 std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
-std::atomic<int> transpose_tn_mode{static_cast<int>(TransposeTnPanels::Auto)};
+// KEEL_TN_PANELS=transposed|as-is (read once) overrides Auto, for A/B runs.
+TransposeTnPanels env_transpose_tn_panels() {
+  const char* v = std::getenv("KEEL_TN_PANELS");
+  if (v != nullptr && std::strcmp(v, "transposed") == 0) return TransposeTnPanels::Always;
+  if (v != nullptr && std::strcmp(v, "as-is") == 0) return TransposeTnPanels::Never;
+  return TransposeTnPanels::Auto;
+}
+std::atomic<int> transpose_tn_mode{static_cast<int>(env_transpose_tn_panels())};
 
 #if KEEL_GEMM_DNNL && defined(__x86_64__)
 // Whether oneDNN's kernels may use `isa`: the CPU must have it and ONEDNN_MAX_CPU_ISA must not

@@ -77,8 +77,10 @@ bool gemm_below_avx512();
 
 // A panel of a TN product (a weight gradient that is neither cut along k nor swapped) run as an
 // NN product on its slice of A transposed into a buffer (gemm.cpp says why). Auto does so on
-// oneDNN's AVX-512 kernels, where it was measured faster; tests force Always or Never to check
-// both give C within rounding of the reference and neither depends on the thread count.
+// oneDNN's AVX-512 kernels, where it was measured faster (on OpenBLAS's AVX2 kernels it was
+// slower); KEEL_TN_PANELS=transposed|as-is overrides Auto for A/B runs, and tests force Always or
+// Never to check both give C within rounding of the reference and neither depends on the thread
+// count.
 enum class TransposeTnPanels { Auto, Always, Never };
 void set_transpose_tn_panels(TransposeTnPanels mode);
 bool gemm_transposes_tn_panels(PanelKernel kernel);
