@@ -583,7 +583,7 @@ std::string bf16_emulation_note() {
   return std::string(why) +
          ": bf16 matmuls are emulated (operands rounded to bf16 as keel's GEMM packs them, fp32 arithmetic), which "
          "gives bf16's numerics and its memory (saved activations packed as bf16: 25-45% less activation memory) "
-         "but no speed (0.85-0.98x fp32 tokens/s measured with AVX2 code, 0.85-0.86x with AVX-512 code); use "
+         "but no speed (0.85-0.98x fp32 tokens/s measured with AVX2 code, 0.78-0.86x with AVX-512 code); use "
          "precision = \"fp32\" for speed (docs/precision.md)";
 }
 

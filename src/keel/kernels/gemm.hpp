@@ -141,7 +141,8 @@ void force_portable_bf16_gemm(bool portable);
 // What a bf16 run should be told when the CPU cannot compute in bf16 (empty where it can): the
 // portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
 // a Zen 5 running AVX2 code: 0.93-0.98x fp32 tokens/s, 11-15% less peak RSS; on an Intel Xeon
-// running AVX2 code, where fp32's weight gradients run on OpenBLAS, 0.85-0.89x; docs/precision.md).
+// running AVX2 code, where fp32's weight gradients run on OpenBLAS, 0.85-0.89x; with AVX-512 code
+// 0.78-0.86x; docs/precision.md).
 std::string bf16_emulation_note();
 
 }  // namespace keel::kernels
