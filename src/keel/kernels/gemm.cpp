@@ -391,9 +391,9 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     if (trans_a && gemm_transposes_tn_panels(kernel)) {
       // A weight gradient's panel as an NN product: its k × mi slice of A transposed into a
       // buffer (mi rows of k at a stride off the aliasing multiples) that the product reads
-      // contiguously. oneDNN's AVX-512 kernels run the NN form 4-6% faster at the step's shapes
-      // (docs/performance.md, "Weight gradients as NN products"); it is read once to be copied,
-      // as the padded copy below reads it.
+      // contiguously. oneDNN's AVX-512 kernels run the NN form 4-8% faster at the step's shapes
+      // (docs/performance.md, "Intel Xeon, a sixth session"); A is read once to be copied, as
+      // the padded copy below reads it.
       const int64_t ld = gemm_unaliased_stride(k);
       float* transposed = kept_buffer(panel_a, size_t(mi * ld));
       transpose_block(ap, k, mi, lda, transposed, ld);
