@@ -22,6 +22,7 @@ namespace {
 
 using testing::GemmCase;
 using testing::padded_operands;
+using testing::add_bias_to_rows;
 using testing::random_vector;
 
 // All four transpositions, odd sizes, k = 1, a long k, padded leading dimensions.
@@ -206,8 +207,7 @@ TEST(GemmBf16, BiasIsAddedInFp32AfterTheProductOnBothPaths) {
       const auto bias = random_vector(size_t(cs.n), 54);
       auto expected = c, got = c, mixed = c;
       gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, expected.data(), ldc);
-      for (int64_t i = 0; i < cs.m; ++i)
-        for (int64_t j = 0; j < cs.n; ++j) expected[size_t(i * ldc + j)] += bias[size_t(j)];
+      add_bias_to_rows(expected, cs.m, cs.n, ldc, bias);
       gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc,
                 bias.data());
       ASSERT_EQ(got, expected) << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k;

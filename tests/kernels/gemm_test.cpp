@@ -16,6 +16,7 @@ namespace {
 
 using testing::GemmCase;
 using testing::padded_operands;
+using testing::add_bias_to_rows;
 using testing::random_vector;
 
 // Runs body once with each kernel gemm can put under its panels (the BLAS, OpenBLAS beside it
@@ -340,8 +341,7 @@ TEST(GemmKernel, BiasIsAddedToTheFinishedProductOnEveryPath) {
       const auto bias = random_vector(size_t(cs.n), 44);
       auto expected = c;
       gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, expected.data(), ldc);
-      for (int64_t i = 0; i < cs.m; ++i)
-        for (int64_t j = 0; j < cs.n; ++j) expected[size_t(i * ldc + j)] += bias[size_t(j)];
+      add_bias_to_rows(expected, cs.m, cs.n, ldc, bias);
       const int saved = omp_get_max_threads();
       for (int threads : {1, std::max(2, saved)}) {
         omp_set_num_threads(threads);
@@ -360,8 +360,7 @@ TEST(GemmKernel, BiasIsAddedToTheFinishedProductOnEveryPath) {
         gemm_bias(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta,
                   with_bias[t].data(), ldc, bias.data());
         gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, then_bias[t].data(), ldc);
-        for (int64_t i = 0; i < cs.m; ++i)
-          for (int64_t j = 0; j < cs.n; ++j) then_bias[t][size_t(i * ldc + j)] += bias[size_t(j)];
+        add_bias_to_rows(then_bias[t], cs.m, cs.n, ldc, bias);
       }
       for (size_t t = 0; t < 2; ++t) ASSERT_EQ(with_bias[t], then_bias[t]) << "inside a parallel region";
       // No bias is gemm.
@@ -425,8 +424,7 @@ TEST(GemmKernel, TransposedTnPanelsMatchReference) {
         auto with_bias = c, then_bias = two;
         gemm_bias(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, with_bias.data(),
                   ldc, bias.data());
-        for (int64_t i = 0; i < cs.m; ++i)
-          for (int64_t j = 0; j < cs.n; ++j) then_bias[size_t(i * ldc + j)] += bias[size_t(j)];
+        add_bias_to_rows(then_bias, cs.m, cs.n, ldc, bias);
         ASSERT_EQ(with_bias, then_bias);
         results[mode == TransposeTnPanels::Always ? 0 : 1] = two;
       }

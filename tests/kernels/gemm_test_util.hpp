@@ -38,4 +38,10 @@ inline PaddedOperands padded_operands(const GemmCase& cs, int64_t pad, uint32_t 
   return o;
 }
 
+// c (m × n at row stride ldc) += bias in every row: what gemm_bias must give after gemm.
+inline void add_bias_to_rows(std::vector<float>& c, int64_t m, int64_t n, int64_t ldc, const std::vector<float>& bias) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[size_t(i * ldc + j)] += bias[size_t(j)];
+}
+
 }  // namespace keel::kernels::testing

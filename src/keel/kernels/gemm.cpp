@@ -381,14 +381,11 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     const float* ap = trans_a ? a + i0 : a + i0 * lda;  // A stored (k, m) when transposed
     const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
     float* cp = c + i0 * ldc + j0;
+    thread_local std::vector<float> panel_a;
     if (packed) {
       // Packing copies both operands into cache-sized blocks: no stride aliases.
       packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, cp, ldc, round_bf16);
-      if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);  // the panel is still in cache
-      return;
-    }
-    thread_local std::vector<float> panel_a;
-    if (trans_a && gemm_transposes_tn_panels(kernel)) {
+    } else if (trans_a && gemm_transposes_tn_panels(kernel)) {
       // A weight gradient's panel as an NN product: its k × mi slice of A transposed into a
       // buffer (mi rows of k at a stride off the aliasing multiples) that the product reads
       // contiguously. oneDNN's AVX-512 kernels run the NN form 4-8% faster at the step's shapes
@@ -398,21 +395,20 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       float* transposed = kept_buffer(panel_a, size_t(mi * ld));
       transpose_block(ap, k, mi, lda, transposed, ld);
       backend_gemm(kernel, false, trans_b, mi, nj, k, alpha, transposed, ld, bp, ldb, beta, cp, ldc);
-      if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);
-      return;
+    } else {
+      int64_t ap_ld = lda;
+      if (trans_a && lda % kGemmAliasedStrideA == 0 && lda > mi) {
+        // A transposed with a row stride of a multiple of 1 KiB (a weight gradient dyᵀ·x of a
+        // layer 1,024 or 8,192 wide): the backend's reads of the panel's k rows then fall into a
+        // few cache sets and run at half speed (38 against 80 GFLOP/s on one Zen 3 core). Copy
+        // the panel to a padded stride first; it is read once, the product reads it n/16 times.
+        ap_ld = mi + 16;
+        float* padded = kept_buffer(panel_a, size_t(k * ap_ld));
+        for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
+        ap = padded;
+      }
+      backend_gemm(kernel, trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, cp, ldc);
     }
-    int64_t ap_ld = lda;
-    if (trans_a && lda % kGemmAliasedStrideA == 0 && lda > mi) {
-      // A transposed with a row stride of a multiple of 1 KiB (a weight gradient dyᵀ·x of a
-      // layer 1,024 or 8,192 wide): the backend's reads of the panel's k rows then fall into a
-      // few cache sets and run at half speed (38 against 80 GFLOP/s on one Zen 3 core). Copy
-      // the panel to a padded stride first; it is read once, the product reads it n/16 times.
-      ap_ld = mi + 16;
-      float* padded = kept_buffer(panel_a, size_t(k * ap_ld));
-      for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
-      ap = padded;
-    }
-    backend_gemm(kernel, trans_a, trans_b, mi, nj, k, alpha, ap, ap_ld, bp, ldb, beta, cp, ldc);
     if (bias != nullptr) add_bias_rows(cp, mi, nj, ldc, bias + j0);  // the panel is still in cache
   };
   if (omp_in_parallel()) {
