@@ -174,6 +174,72 @@ TEST(GemmBf16, WordsOfBGiveTheBitsOfGemmBf16OnBothPaths) {
   }
 }
 
+// A SharedBf16Operand makes an operand bf16 words once for every product that names it: the bits
+// of gemm_bf16 rounding it itself, in either operand's place and any transposition; the words are
+// really what the products read (an operand changed against the promise still multiplies as it
+// was); and only a live object, of exactly that stored matrix, under native bf16, is found.
+TEST(GemmBf16, SharedOperandGivesTheBitsOfRoundingItEachTime) {
+  PathGuard guard;
+  if (!bf16_gemm_native_available()) {
+    // Nothing is shared where the products round as they pack: checked, then nothing else to check.
+    PrecisionScope scope(Precision::Bf16);
+    const auto x = random_vector(64, 3);
+    const SharedBf16Operand shared(x.data(), 8, 8);
+    EXPECT_FALSE(shared.active());
+    EXPECT_EQ(shared_bf16_words(x.data(), 8, 8, 8), nullptr);
+    return;
+  }
+  PrecisionScope scope(Precision::Bf16);
+  for (const GemmCase& cs : kCases) {
+    SCOPED_TRACE("ta=" + std::to_string(cs.ta) + " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) +
+                 " k=" + std::to_string(cs.k));
+    auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 3, 61);
+    const int64_t a_rows = cs.ta ? cs.k : cs.m, a_cols = cs.ta ? cs.m : cs.k;
+    const int64_t b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
+    auto direct = c0;
+    gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, direct.data(), ldc);
+    {
+      const SharedBf16Operand shared_a(a.data(), a_rows, a_cols, lda);
+      ASSERT_TRUE(shared_a.active());
+      auto got = c0;
+      gemm_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+      ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "A shared";
+      {
+        const SharedBf16Operand shared_b(b.data(), b_rows, b_cols, ldb);
+        got = c0;
+        gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+        ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "A and B shared";
+        // The words, not the fp32 values, are read: A and B changed behind the objects' backs.
+        const auto a_was = a, b_was = b;
+        for (float& v : a) v = -3.f * v;
+        for (float& v : b) v = 0.5f * v + 1.f;
+        got = c0;
+        gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+        ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "the words were not read";
+        a = a_was;
+        b = b_was;
+      }
+      // The inner object is gone: B is rounded again, A still shared.
+      EXPECT_EQ(shared_bf16_words(b.data(), b_rows, b_cols, ldb), nullptr);
+      EXPECT_NE(shared_bf16_words(a.data(), a_rows, a_cols, lda), nullptr);
+      // Only that stored matrix: another stride, shape or start is not it.
+      EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda + 1), nullptr);
+      EXPECT_EQ(shared_bf16_words(a.data(), a_rows - 1, a_cols, lda), nullptr);
+      EXPECT_EQ(shared_bf16_words(a.data() + 1, a_rows, a_cols, lda), nullptr);
+    }
+    EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda), nullptr);
+  }
+  // Not under fp32 matmuls, nor on the portable path, nor for an empty or absent operand.
+  const auto x = random_vector(64, 5);
+  force_portable_bf16_gemm(true);
+  EXPECT_FALSE(SharedBf16Operand(x.data(), 8, 8).active());
+  force_portable_bf16_gemm(false);
+  EXPECT_FALSE(SharedBf16Operand(nullptr, 8, 8).active());
+  EXPECT_FALSE(SharedBf16Operand(x.data(), 0, 8).active());
+  PrecisionScope fp32(Precision::Fp32);
+  EXPECT_FALSE(SharedBf16Operand(x.data(), 8, 8).active());
+}
+
 TEST(GemmBf16, MixedFollowsTheThreadPrecision) {
   const int64_t m = 13, n = 29, k = 37;
   const auto a = random_vector(size_t(m * k), 21), b = random_vector(size_t(k * n), 22);

@@ -484,9 +484,17 @@ bool env_forces_portable() {
 
 std::atomic<bool> force_portable{env_forces_portable()};
 
-// The native path's operands as bf16 words, kept from call to call: B's rounded by gemm_bf16,
-// A's by gemm_bf16_words_b, which both run the product.
+// The native path's operands as bf16 words, kept from call to call.
 thread_local std::vector<uint16_t> native_a_words, native_b_words;
+
+// The live SharedBf16Operands of this thread, innermost last, and the words of each depth.
+struct SharedWords {
+  const float* x;
+  int64_t rows, cols, ld;
+  const uint16_t* words;
+};
+thread_local std::vector<SharedWords> shared_operands;
+thread_local std::vector<std::vector<uint16_t>> shared_operand_buffers;
 
 // The stored matrix x: (rows, cols), row stride ld -> out: (rows, cols) contiguous, each value
 // rounded to bf16; Out is uint16_t (bf16 bits) or float (the same value widened).
@@ -583,6 +591,56 @@ std::string bf16_emulation_note() {
          "precision = \"fp32\" for speed (docs/precision.md)";
 }
 
+namespace {
+
+#if KEEL_GEMM_DNNL
+// The stored matrix x as bf16 words: a live SharedBf16Operand's, or rounded into `kept` now.
+const uint16_t* native_words(const float* x, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& kept) {
+  if (const uint16_t* shared = shared_bf16_words(x, rows, cols, ld)) return shared;
+  uint16_t* words = kept_buffer(kept, size_t(rows * cols));
+  round_operand(x, rows, cols, ld, words);
+  return words;
+}
+
+// The native product: A rounded here (or shared), B given as words (row stride ldb).
+void native_gemm_words(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                       int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  stage_timer::add_gemm_flops(m, n, k);
+  const uint16_t* a16 = native_words(a, a_rows, a_cols, lda, native_a_words);
+  KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
+  const dnnl_status_t st =
+      dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16, a_cols, b16, ldb, beta, c, ldc);
+  KEEL_CHECK(st == dnnl_success);
+}
+#endif
+
+}  // namespace
+
+SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  if (x == nullptr || rows <= 0 || cols <= 0 || matmul_precision() != Precision::Bf16 ||
+      bf16_gemm_path() != Bf16GemmPath::Native)
+    return;
+  stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);  // what the products would have spent
+  if (ld == 0) ld = cols;
+  const size_t depth = shared_operands.size();
+  if (shared_operand_buffers.size() <= depth) shared_operand_buffers.resize(depth + 1);
+  uint16_t* words = kept_buffer(shared_operand_buffers[depth], size_t(rows * cols));
+  round_operand(x, rows, cols, ld, words);
+  shared_operands.push_back({x, rows, cols, ld, words});
+  active_ = true;
+}
+
+SharedBf16Operand::~SharedBf16Operand() {
+  if (active_) shared_operands.pop_back();  // scoped objects die in the reverse order they were made
+}
+
+const uint16_t* shared_bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  for (auto e = shared_operands.rbegin(); e != shared_operands.rend(); ++e)
+    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld) return e->words;
+  return nullptr;
+}
+
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
@@ -597,9 +655,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
-    uint16_t* b16 = kept_buffer(native_b_words, size_t(b_rows * b_cols));
-    round_operand(b, b_rows, b_cols, ldb, b16);
-    gemm_bf16_words_b(trans_a, trans_b, m, n, k, alpha, a, lda, b16, b_cols, beta, c, ldc);
+    native_gemm_words(trans_a, trans_b, m, n, k, alpha, a, lda, native_words(b, b_rows, b_cols, ldb, native_b_words),
+                      b_cols, beta, c, ldc);
     add_bias_pass(c, m, n, ldc, bias);  // oneDNN's one call leaves no panel to add it to
     return;
   }
@@ -632,14 +689,7 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
-    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-    stage_timer::add_gemm_flops(m, n, k);
-    uint16_t* a16 = kept_buffer(native_a_words, size_t(a_rows * a_cols));
-    round_operand(a, a_rows, a_cols, lda, a16);
-    KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
-    const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16,
-                                                   a_cols, b16, ldb, beta, c, ldc);
-    KEEL_CHECK(st == dnnl_success);
+    native_gemm_words(trans_a, trans_b, m, n, k, alpha, a, lda, b16, ldb, beta, c, ldc);
     return;
   }
 #endif

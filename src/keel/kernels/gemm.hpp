@@ -119,6 +119,27 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 // nearest even; on the OpenMP team.
 void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out);
 
+// An fp32 operand that several bf16 products read unchanged (a block's normed input, read by q, k
+// and v forward and by their weight gradients; a layer's output gradient, read by its input and
+// its weight gradient): on the native path it is made bf16 words once, here, and every gemm_bf16
+// on this thread whose A or B is this stored matrix (same pointer, rows, columns and stride)
+// takes those words instead of rounding it again. The same rounding, done once: bit-identical.
+// The caller promises that x does not change while the object lives. Elsewhere (fp32, the
+// portable path, which rounds as it packs) it does nothing.
+class SharedBf16Operand {
+ public:
+  SharedBf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld = 0);
+  ~SharedBf16Operand();
+  SharedBf16Operand(const SharedBf16Operand&) = delete;
+  SharedBf16Operand& operator=(const SharedBf16Operand&) = delete;
+  bool active() const { return active_; }
+
+ private:
+  bool active_ = false;
+};
+// The words a live SharedBf16Operand on this thread made of exactly this stored matrix, or null.
+const uint16_t* shared_bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld);
+
 // gemm when the calling thread's matmul precision (kernels/precision.hpp) is fp32, gemm_bf16
 // when it is bf16. The model's matmuls all go through here.
 void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

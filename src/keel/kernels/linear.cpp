@@ -26,6 +26,8 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
                      int64_t in, int64_t out, bool w_in_out, int64_t ldw, GradWrite dx_write) {
   if (ldw == 0) ldw = w_in_out ? out : in;
+  // Both products read dy: under native bf16 it is made bf16 words once for the two.
+  const SharedBf16Operand shared_dy(dx != nullptr && dw != nullptr ? dy : nullptr, n, out);
   if (dx != nullptr) {
     const float beta = dx_write == GradWrite::Accumulate ? 1.f : 0.f;  // 0: C is never read
     if (w_in_out)

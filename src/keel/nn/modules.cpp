@@ -6,6 +6,7 @@
 #include "keel/core/error.hpp"
 #include "keel/kernels/attention.hpp"
 #include "keel/kernels/attention_sink.hpp"
+#include "keel/kernels/gemm.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/norm.hpp"
 #include "keel/kernels/precision.hpp"
@@ -186,6 +187,7 @@ Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, 
   in.v = arena.alloc(static_cast<size_t>(n * kv_out));
   float* q_dst = in.q;
   float* k_dst = in.k;
+  const kernels::SharedBf16Operand shared_x(x, n, hidden_);  // read by q, k and v
   if (qk_norm_) {
     in.q_raw = q_dst = arena.alloc(static_cast<size_t>(n * q_out));
     in.k_raw = k_dst = arena.alloc(static_cast<size_t>(n * kv_out));
@@ -353,6 +355,7 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     dq_proj = dq_raw;
     dk_proj = dk_raw;
   }
+  const kernels::SharedBf16Operand shared_x(x_, n, hidden_);  // read by q's, k's and v's weight gradients
   if (output_gate_) {
     float* dqg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
     merge_query_gate(dq_proj, d_gate, dqg, n, heads_, head_dim_);
@@ -417,8 +420,11 @@ float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, i
   // selectively).
   ArenaTemporaries temporaries(arena);
   float* h = temporaries.alloc(n * width_);
-  kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up, n, hidden_, width_, conv1d_);
-  if (gated_) kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate, n, hidden_, width_);
+  {
+    const kernels::SharedBf16Operand shared_x(gated_ ? x : nullptr, n, hidden_);  // read by up and gate
+    kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up, n, hidden_, width_, conv1d_);
+    if (gated_) kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate, n, hidden_, width_);
+  }
   activate(gate, up, h, n);
   kernels::linear_forward(h, store.data(w_down_), opt(store, b_down_), y, n, width_, hidden_, conv1d_);
   return y;
@@ -441,6 +447,9 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
   float* h = arena.alloc(wide);
   float* dh = arena.alloc(wide);
+  // dy is read by the down projection's two products, x_ by gate's and up's weight gradients.
+  const kernels::SharedBf16Operand shared_dy(dy, n, hidden_);
+  const kernels::SharedBf16Operand shared_x(gated_ ? x_ : nullptr, n, hidden_);
   // dh first: the down projection's input gradient does not read h. Then h again from the stored
   // gate and up, in the same pass as the activation's backward (one evaluation of the activation
   // per element, not two; the forward's bits, rounded under bf16 as activate rounds them); then
