@@ -22,6 +22,7 @@ extern "C" char* openblas_get_corename(void);
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <type_traits>
@@ -484,17 +485,56 @@ bool env_forces_portable() {
 
 std::atomic<bool> force_portable{env_forces_portable()};
 
-// The native path's operands as bf16 words, kept from call to call.
-thread_local std::vector<uint16_t> native_a_words, native_b_words;
+// Every bf16 word the native path makes on a thread lives in one buffer used as a stack: a
+// product's rounded operands for the call, a SharedBf16Operand's for its life. So the memory is
+// the most ever live at once (a shared output gradient beside the other operand of one product),
+// not one kept buffer per role each grown to the largest operand it ever held. The buffer grows
+// only while nothing is on it (pointers into it stay valid); a push that does not fit meanwhile
+// gets a block of its own, and the next growth covers it.
+class WordStack {
+ public:
+  struct Entry {
+    uint16_t* words;
+    size_t count;
+    bool own_block;
+  };
+  Entry push(size_t count) {
+    high_water_ = std::max(high_water_, top_ + count);
+    if (top_ == 0 && buffer_.size() < high_water_) {
+      buffer_ = std::vector<uint16_t>();  // the old one goes before the new one comes
+      buffer_.resize(high_water_);
+    }
+    if (top_ + count <= buffer_.size()) {
+      Entry e{buffer_.data() + top_, count, false};
+      top_ += count;
+      return e;
+    }
+    blocks_.emplace_back(count);
+    return {blocks_.back().data(), count, true};
+  }
+  // Entries come off in the reverse order they went on.
+  void pop(const Entry& e) {
+    if (e.own_block) {
+      blocks_.pop_back();
+      return;
+    }
+    top_ -= e.count;
+  }
 
-// The live SharedBf16Operands of this thread, innermost last, and the words of each depth.
+ private:
+  std::vector<uint16_t> buffer_;
+  std::vector<std::vector<uint16_t>> blocks_;
+  size_t top_ = 0, high_water_ = 0;
+};
+thread_local WordStack word_stack;
+
+// The live SharedBf16Operands of this thread, innermost last.
 struct SharedWords {
   const float* x;
   int64_t rows, cols, ld;
-  const uint16_t* words;
+  WordStack::Entry words;
 };
 thread_local std::vector<SharedWords> shared_operands;
-thread_local std::vector<std::vector<uint16_t>> shared_operand_buffers;
 
 // The stored matrix x: (rows, cols), row stride ld -> out: (rows, cols) contiguous, each value
 // rounded to bf16; Out is uint16_t (bf16 bits) or float (the same value widened).
@@ -594,23 +634,44 @@ std::string bf16_emulation_note() {
 namespace {
 
 #if KEEL_GEMM_DNNL
-// The stored matrix x as bf16 words: a live SharedBf16Operand's, or rounded into `kept` now.
-const uint16_t* native_words(const float* x, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& kept) {
-  if (const uint16_t* shared = shared_bf16_words(x, rows, cols, ld)) return shared;
-  uint16_t* words = kept_buffer(kept, size_t(rows * cols));
-  round_operand(x, rows, cols, ld, words);
-  return words;
-}
-
-// The native product: A rounded here (or shared), B given as words (row stride ldb).
-void native_gemm_words(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                       int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c, int64_t ldc) {
+// The native product C = alpha·op(A)·op(B) + beta·C with A and B as bf16 words: B given as words
+// (b16, row stride ldb16) or rounded here from b, A rounded here; either taken from a live
+// SharedBf16Operand instead where one holds it. What is rounded here goes on the word stack for
+// the call, the larger operand first, so that in a step's first calls the stack grows to hold both
+// rather than the second taking a block of its own beside it.
+void native_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, const uint16_t* b16, int64_t ldb16, float beta, float* c, int64_t ldc) {
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   stage_timer::add_gemm_flops(m, n, k);
-  const uint16_t* a16 = native_words(a, a_rows, a_cols, lda, native_a_words);
-  KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
-  const dnnl_status_t st =
-      dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16, a_cols, b16, ldb, beta, c, ldc);
+  const uint16_t* a16 = shared_bf16_words(a, a_rows, a_cols, lda);
+  if (b16 == nullptr) {
+    b16 = shared_bf16_words(b, b_rows, b_cols, ldb);
+    ldb16 = b_cols;
+  }
+  std::optional<WordStack::Entry> pushed[2];
+  auto round_a = [&](std::optional<WordStack::Entry>& e) {
+    e = word_stack.push(size_t(a_rows * a_cols));
+    round_operand(a, a_rows, a_cols, lda, e->words);
+    a16 = e->words;
+  };
+  auto round_b = [&](std::optional<WordStack::Entry>& e) {
+    e = word_stack.push(size_t(b_rows * b_cols));
+    round_operand(b, b_rows, b_cols, ldb, e->words);
+    b16 = e->words;
+  };
+  if (a16 == nullptr && b16 == nullptr && b_rows * b_cols > a_rows * a_cols) {
+    round_b(pushed[0]);
+    round_a(pushed[1]);
+  } else {
+    if (a16 == nullptr) round_a(pushed[0]);
+    if (b16 == nullptr) round_b(pushed[1]);
+  }
+  KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb16 <= INT_MAX && ldc <= INT_MAX);
+  const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16, a_cols,
+                                                 b16, ldb16, beta, c, ldc);
+  for (int i = 1; i >= 0; --i)
+    if (pushed[i]) word_stack.pop(*pushed[i]);
   KEEL_CHECK(st == dnnl_success);
 }
 #endif
@@ -623,21 +684,22 @@ SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols,
     return;
   stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);  // what the products would have spent
   if (ld == 0) ld = cols;
-  const size_t depth = shared_operands.size();
-  if (shared_operand_buffers.size() <= depth) shared_operand_buffers.resize(depth + 1);
-  uint16_t* words = kept_buffer(shared_operand_buffers[depth], size_t(rows * cols));
-  round_operand(x, rows, cols, ld, words);
+  const WordStack::Entry words = word_stack.push(size_t(rows * cols));
+  round_operand(x, rows, cols, ld, words.words);
   shared_operands.push_back({x, rows, cols, ld, words});
   active_ = true;
 }
 
 SharedBf16Operand::~SharedBf16Operand() {
-  if (active_) shared_operands.pop_back();  // scoped objects die in the reverse order they were made
+  if (!active_) return;
+  // Scoped objects die in the reverse order they were made, so this is the innermost one.
+  word_stack.pop(shared_operands.back().words);
+  shared_operands.pop_back();
 }
 
 const uint16_t* shared_bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld) {
   for (auto e = shared_operands.rbegin(); e != shared_operands.rend(); ++e)
-    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld) return e->words;
+    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld) return e->words.words;
   return nullptr;
 }
 
@@ -655,8 +717,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
-    native_gemm_words(trans_a, trans_b, m, n, k, alpha, a, lda, native_words(b, b_rows, b_cols, ldb, native_b_words),
-                      b_cols, beta, c, ldc);
+    native_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, nullptr, 0, beta, c, ldc);
     add_bias_pass(c, m, n, ldc, bias);  // oneDNN's one call leaves no panel to add it to
     return;
   }
@@ -689,7 +750,7 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 #if KEEL_GEMM_DNNL
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
-    native_gemm_words(trans_a, trans_b, m, n, k, alpha, a, lda, b16, ldb, beta, c, ldc);
+    native_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, nullptr, 0, b16, ldb, beta, c, ldc);
     return;
   }
 #endif
