@@ -9,6 +9,7 @@
 #include "keel/arch/families.hpp"
 #include "keel/core/error.hpp"
 #include "keel/kernels/attention.hpp"
+#include "keel/kernels/gemm.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/norm.hpp"
 #include "keel/kernels/precision.hpp"
@@ -114,8 +115,12 @@ float* MlaAttention::forward(ParameterStore& store, Arena& arena, const float* x
   const int64_t kvb_w = nope_ + v_dim_;
   x_ = x;
   auto alloc = [&](int64_t count) { return arena.alloc(static_cast<size_t>(count)); };
-  q_ = project_q(store, arena, x, s, q_a_, q_rstd_, c_q_);
-  float* kva = project_kv_a(store, arena, x, s, c_pre_, kv_rstd_, c_kv_);
+  float* kva = nullptr;
+  {
+    const kernels::SharedBf16Operand shared_x(x, n, hidden_);  // read by the q and kv_a products
+    q_ = project_q(store, arena, x, s, q_a_, q_rstd_, c_q_);
+    kva = project_kv_a(store, arena, x, s, c_pre_, kv_rstd_, c_kv_);
+  }
   float* kvb = alloc(n * H * kvb_w);
   kernels::linear_forward(c_kv_, store.data(wkv_b_), nullptr, kvb, n, kv_rank_, H * kvb_w);
 
@@ -260,6 +265,7 @@ void MlaAttention::backward(ParameterStore& store, Arena& arena, const float* dy
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) std::memcpy(dkva + t * kva_w, dc_pre + t * kv_rank_, sizeof(float) * kv_rank_);
+  const kernels::SharedBf16Operand shared_x(x_, n, hidden_);  // read by kv_a's and q's weight gradients
   kernels::linear_backward(x_, store.data(wkv_a_), dkva, dx, store.grad(wkv_a_), opt_grad(store, bkv_a_), n, hidden_,
                            kva_w, false, 0, dx_write);  // dx's first writer; q's product adds to it
 

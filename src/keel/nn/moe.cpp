@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "keel/core/error.hpp"
+#include "keel/kernels/gemm.hpp"
 #include "keel/kernels/linear.hpp"
 #include "keel/kernels/precision.hpp"
 #include "keel/nn/arena_temporaries.hpp"
@@ -142,8 +143,11 @@ void Moe::route_and_run(const ParameterStore& store, const float* x, int64_t n, 
       continue;
     }
     const Expert& w = experts_[static_cast<size_t>(e)];
-    kernels::linear_forward(xg + r0 * C, store.data(w.gate), nullptr, g + r0 * F, m, C, F);
-    kernels::linear_forward(xg + r0 * C, store.data(w.up), nullptr, u + r0 * F, m, C, F);
+    {
+      const kernels::SharedBf16Operand shared_x(xg + r0 * C, m, C);  // read by gate and up
+      kernels::linear_forward(xg + r0 * C, store.data(w.gate), nullptr, g + r0 * F, m, C, F);
+      kernels::linear_forward(xg + r0 * C, store.data(w.up), nullptr, u + r0 * F, m, C, F);
+    }
     activate(g + r0 * F, u + r0 * F, h + r0 * F, m);
     kernels::linear_forward(h + r0 * F, store.data(w.down), nullptr, ye + r0 * C, m, F, C);
   }
@@ -268,6 +272,9 @@ void Moe::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
       continue;
     }
     const Expert& w = experts_[static_cast<size_t>(e)];
+    // dye is read by the down projection's two products, xg_ by gate's and up's weight gradients.
+    const kernels::SharedBf16Operand shared_dy(dye + r0 * C, m, C);
+    const kernels::SharedBf16Operand shared_x(xg_ + r0 * C, m, C);
     // dh first (it does not read h), then h, dg and du in one pass (as Mlp::backward), then the
     // down projection's weight gradient.
     kernels::linear_backward(nullptr, store.data(w.down), dye + r0 * C, dh + r0 * F, nullptr, nullptr, m, F, C, false,
