@@ -156,13 +156,13 @@ kernels::AttentionDims Attention::dims(const StepShape& s) const {
 }
 
 void Attention::round_inputs(const Inputs& in, int64_t n) const {
-  if (in.qkv != nullptr) {
-    kernels::round_activation(in.qkv, n * 3 * hidden_);
-    return;
-  }
+  // Under bf16 every projection's output is rounded by linear_forward (GPT-2's q|k|v, every v,
+  // q and its output gate split from one rounded product), and QK-Norm's q and k where
+  // normed_heads makes them: rounding those again would be a pass that changes no value. What
+  // RoPE rotated after the rounding, q and k without QK-Norm, is rounded here.
+  if (in.qkv != nullptr || qk_norm_) return;
   kernels::round_activation(in.q, n * heads_ * head_dim_);
   kernels::round_activation(in.k, n * kv_heads_ * head_dim_);
-  kernels::round_activation(in.v, n * kv_heads_ * head_dim_);
 }
 
 Attention::Inputs Attention::project(const ParameterStore& store, Arena& arena, const float* x, const StepShape& s,

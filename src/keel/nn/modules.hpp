@@ -94,7 +94,7 @@ class Attention {
     float* gate = nullptr;  // the output gate's pre-sigmoid values (n, heads·head_dim)
     float* qkv = nullptr;   // GPT-2: rows of [q | k | v] that q, k and v point into
   };
-  // round_activation of q, k and v (one span for GPT-2's interleaved rows).
+  // Under bf16, rounds what of q, k and v is not bf16 values yet (q and k that RoPE rotated).
   void round_inputs(const Inputs& in, int64_t n) const;
   // heads_now = false (QK-Norm only): q and k are left null, for normed_heads into buffers of
   // the caller's choosing (the training forward's temporaries, the backward's recomputation).
