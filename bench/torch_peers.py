@@ -162,7 +162,9 @@ class PlainLM(nn.Module):
         for block in self.h:
             x = block(x, self.cos[:T], self.sin[:T], self.mask[:T, :T])
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        # .float(): under autocast the logits are bf16 and the loss is taken in fp32, as the
+        # reference peer takes it; in fp32 it returns the tensor itself.
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
 def plain_config(cfg):
@@ -187,8 +189,10 @@ def plain_config(cfg):
     return None
 
 
-def make_plain_step(cfg, batch, seq, variant):
-    """(step(), n_params) for the plain model; step() runs forward, backward, clip and AdamW."""
+def make_plain_step(cfg, batch, seq, variant, precision="fp32"):
+    """(step(), n_params) for the plain model; step() runs forward, backward, clip and AdamW.
+    precision "bf16": the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) on
+    fp32 parameters, as the reference peer's bf16 step runs (the backward outside it)."""
     c = plain_config(cfg)
     model = PlainLM(c, seq, fused=variant == "plain_fused")
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -203,7 +207,11 @@ def make_plain_step(cfg, batch, seq, variant):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, targets)
+        if precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(idx, targets)
+        else:
+            loss = model(idx, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach) if _clip_has_foreach() else \
             torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -5,8 +5,9 @@ and their ratio, and peak memory of each. The Muon case also reports the share o
 Newton-Schulz takes on each side (PyTorch runs the same Moonlight-form Muon written with torch
 ops: fp32 NS5 on each hidden matrix, AdamW on the rest). The *_bf16 cases run keel with
 `--precision bf16` and PyTorch's forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
-(fp32 parameters and AdamW on both sides), and also time keel in fp32 on the same model to report
-keel's own bf16/fp32 speed ratio (docs/precision.md).
+(fp32 parameters and AdamW on both sides; every peer model below, the nanoGPT-style ones too), and
+also time keel in fp32 on the same model to report keel's own bf16/fp32 speed ratio
+(docs/precision.md).
 
 The PyTorch side is the fastest PyTorch on the machine for the same model and step: with
 --peer auto (the default) every candidate of bench/torch_peers.py (the fixtures' reference model,
@@ -123,7 +124,7 @@ def torch_worker(config, batch, seq, steps, warmup, optimizer, precision="fp32",
     cfg = json.load(open(os.path.join(ROOT, config)))
     if peer != "reference":
         import torch_peers
-        step, _ = torch_peers.make_plain_step(cfg, batch, seq, peer)
+        step, _ = torch_peers.make_plain_step(cfg, batch, seq, peer, precision)
         muon_step = None
     else:
         step, muon_step = reference_step(torch, cfg, batch, seq, optimizer, precision)
@@ -291,7 +292,8 @@ def median(xs):
 
 def peer_candidates(config, optimizer, precision, peer, blas):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
-    plain_ok = optimizer == "adamw" and precision == "fp32"
+    # The plain models run bf16 under autocast as the reference does, so they race in bf16 too.
+    plain_ok = optimizer == "adamw" and precision in ("fp32", "bf16")
     if plain_ok:
         try:
             import torch_peers  # needs torch; only the config check is used here
