@@ -14,7 +14,8 @@ Settings measured, each in its own process, interleaved and repeated (median per
 - keel fp32, and keel `--precision bf16` with `--bf16-activations packed` (the default) and `all`;
 - PyTorch fp32, and PyTorch under torch.autocast("cpu", dtype=torch.bfloat16), as
   train_step_vs_pytorch.py's bf16 cases run it: the fixtures' reference model (HF's modeling code
-  written for float64 checks; the plain nanoGPT-style peers have no autocast path), glibc's malloc
+  written for float64 checks; since 2026-12-06 the nanoGPT-style peers race under autocast too,
+  for speed, but this memory measurement was made, and is kept, on the reference), glibc's malloc
   as it comes (a peer told to keep freed memory would only look bigger).
 
 The model is Qwen3-0.6B (configs/hf/qwen3-0.6b.json: 28 layers, hidden 1,024, 16 heads of 128,
