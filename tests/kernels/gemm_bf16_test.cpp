@@ -80,11 +80,13 @@ TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
   }
 }
 
-TEST(GemmBf16, PortableRoundsAsItPacksBitForBitWithThePackedKernelOnRoundedOperands) {
-  // The portable path rounds each block of A and B as keel's packed kernel packs it; on rounded
-  // copies of the operands the packed fp32 gemm must give the same bits, whether the team packs
-  // B once or (B above 32 MiB) each panel packs its own. Builds without the microkernel round
-  // into buffers and are checked by the test above.
+TEST(GemmBf16, PortableRunsTheFp32GemmOnRoundedOperandsOrRoundsAsItPacks) {
+  // The portable path multiplies the rounded operands with the fp32 gemm (its Auto kernels) when
+  // each operand is bf16 values already (used as it is) or small (rounded into a copy); when an
+  // operand that is not would need a large copy, it rounds each block of A and B as keel's packed
+  // kernel packs it instead. Either way: the bits of that fp32 gemm on rounded copies of the
+  // operands, whether the team packs B once or (B above 32 MiB) each panel packs its own. Builds
+  // without the microkernel round into buffers and are checked by the test above.
   if (std::string(block_gemm_isa()) == "gemm") {
     RecordProperty("microkernel", "none: portable path rounds into buffers");
     return;
@@ -93,26 +95,37 @@ TEST(GemmBf16, PortableRoundsAsItPacksBitForBitWithThePackedKernelOnRoundedOpera
   struct KernelGuard {
     ~KernelGuard() { set_gemm_kernel(GemmKernel::Auto); }
   } kernel_guard;
-  std::vector<GemmCase> cases(std::begin(kCases), std::end(kCases));
-  cases.push_back({false, false, 8, 131100, 64, 1.f, 0.f});  // packed B of 33.6 MiB: panels
-  cases.push_back({true, true, 300, 200, 700, 0.5f, 1.f});
-  for (const GemmCase& cs : cases) {
+  struct Case {
+    GemmCase shape;
+    bool a_rounded;  // A given as bf16 values already
+    bool packed;     // the route the portable path takes: the packed kernel rounding as it packs
+  };
+  std::vector<Case> cases;
+  for (const GemmCase& cs : kCases) cases.push_back({cs, false, false});  // every operand small
+  // Large: above the 16 Mi floats the path copies at most.
+  cases.push_back({{false, false, 8, 270000, 64, 1.f, 0.f}, false, true});  // a large B: packed B of 66 MiB, panels
+  cases.push_back({{true, true, 300, 200, 700, 0.5f, 1.f}, false, false});
+  cases.push_back({{false, true, 8, 270000, 64, 1.f, 1.f}, false, true});    // a large B, transposed
+  cases.push_back({{false, true, 270000, 16, 64, 1.f, 0.f}, true, false});   // a large A of bf16 values
+  for (const Case& cc : cases) {
+    const GemmCase& cs = cc.shape;
     SCOPED_TRACE("ta=" + std::to_string(cs.ta) + " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) +
                  " n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k));
     auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 5, 13);
     // Exact ties between two bf16 values, which round to the even one (down, then up).
     for (size_t i = 0; i < a.size(); i += 7) a[i] = (i % 2 ? 1.0f : -1.0f) * (1.0f + (i % 3 ? 1.0f : 3.0f) / 256);
     for (size_t i = 0; i < b.size(); i += 5) b[i] = 0.5f + (i % 3 ? 1.0f : 3.0f) / 512;
-    auto portable = c0, packed = c0;
+    if (cc.a_rounded) a = rounded(a);
+    auto portable = c0, expected = c0;
     force_portable_bf16_gemm(true);
     gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, portable.data(), ldc);
     force_portable_bf16_gemm(false);
-    set_gemm_kernel(GemmKernel::Packed);
+    set_gemm_kernel(cc.packed ? GemmKernel::Packed : GemmKernel::Auto);
     const auto ar = rounded(a), br = rounded(b);
-    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, packed.data(), ldc);
+    gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, expected.data(), ldc);
     set_gemm_kernel(GemmKernel::Auto);
-    ASSERT_EQ(0, std::memcmp(portable.data(), packed.data(), portable.size() * sizeof(float)));
-    EXPECT_NE(a, ar);  // rounding did something to the operands
+    ASSERT_EQ(0, std::memcmp(portable.data(), expected.data(), portable.size() * sizeof(float)));
+    EXPECT_NE(b, br);  // rounding did something to the operands
   }
 }
 
@@ -174,66 +187,75 @@ TEST(GemmBf16, WordsOfBGiveTheBitsOfGemmBf16OnBothPaths) {
   }
 }
 
-// A SharedBf16Operand makes an operand bf16 words once for every product that names it: the bits
-// of gemm_bf16 rounding it itself, in either operand's place and any transposition; the words are
-// really what the products read (an operand changed against the promise still multiplies as it
-// was); and only a live object, of exactly that stored matrix, under native bf16, is found.
+// A SharedBf16Operand rounds an operand once for every product that names it: the bits of
+// gemm_bf16 rounding it itself, in either operand's place and any transposition, on both paths
+// (native: bf16 words; portable: a rounded fp32 copy, or the operand itself where it holds bf16
+// values); what is rounded is really what the products read (an operand changed against the
+// promise still multiplies as it was); and only a live object, of exactly that stored matrix, is
+// found.
 TEST(GemmBf16, SharedOperandGivesTheBitsOfRoundingItEachTime) {
   PathGuard guard;
-  if (!bf16_gemm_native_available()) {
-    // Nothing is shared where the products round as they pack: checked, then nothing else to check.
-    PrecisionScope scope(Precision::Bf16);
-    const auto x = random_vector(64, 3);
-    const SharedBf16Operand shared(x.data(), 8, 8);
-    EXPECT_FALSE(shared.active());
-    EXPECT_EQ(shared_bf16_words(x.data(), 8, 8, 8), nullptr);
-    return;
-  }
   PrecisionScope scope(Precision::Bf16);
-  for (const GemmCase& cs : kCases) {
-    SCOPED_TRACE("ta=" + std::to_string(cs.ta) + " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) +
-                 " k=" + std::to_string(cs.k));
-    auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 3, 61);
-    const int64_t a_rows = cs.ta ? cs.k : cs.m, a_cols = cs.ta ? cs.m : cs.k;
-    const int64_t b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
-    auto direct = c0;
-    gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, direct.data(), ldc);
-    {
-      const SharedBf16Operand shared_a(a.data(), a_rows, a_cols, lda);
-      ASSERT_TRUE(shared_a.active());
-      auto got = c0;
-      gemm_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
-      ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "A shared";
+  for (bool portable : {false, true}) {
+    if (!portable && !bf16_gemm_native_available()) continue;
+    force_portable_bf16_gemm(portable);
+    for (const GemmCase& cs : kCases) {
+      SCOPED_TRACE(std::string(portable ? "portable" : "native") + " ta=" + std::to_string(cs.ta) +
+                   " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) + " k=" + std::to_string(cs.k));
+      auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 3, 61);
+      const int64_t a_rows = cs.ta ? cs.k : cs.m, a_cols = cs.ta ? cs.m : cs.k;
+      const int64_t b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
+      auto direct = c0;
+      gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, direct.data(), ldc);
       {
-        const SharedBf16Operand shared_b(b.data(), b_rows, b_cols, ldb);
-        got = c0;
-        gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
-        ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "A and B shared";
-        // The words, not the fp32 values, are read: A and B changed behind the objects' backs.
-        const auto a_was = a, b_was = b;
-        for (float& v : a) v = -3.f * v;
-        for (float& v : b) v = 0.5f * v + 1.f;
-        got = c0;
-        gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
-        ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "the words were not read";
-        a = a_was;
-        b = b_was;
+        const SharedBf16Operand shared_a(a.data(), a_rows, a_cols, lda);
+        ASSERT_TRUE(shared_a.active());
+        auto got = c0;
+        gemm_mixed(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+        ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "A shared";
+        {
+          const SharedBf16Operand shared_b(b.data(), b_rows, b_cols, ldb);
+          got = c0;
+          gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+          ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "A and B shared";
+          // What was rounded, not the fp32 values, is read: A and B changed behind the objects' backs.
+          const auto a_was = a, b_was = b;
+          for (float& v : a) v = -3.f * v;
+          for (float& v : b) v = 0.5f * v + 1.f;
+          got = c0;
+          gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+          ASSERT_EQ(0, std::memcmp(direct.data(), got.data(), got.size() * sizeof(float))) << "not what was rounded";
+          a = a_was;
+          b = b_was;
+        }
+        // The words are the native path's alone; the inner object is gone.
+        EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda) != nullptr, !portable);
+        EXPECT_EQ(shared_bf16_words(b.data(), b_rows, b_cols, ldb), nullptr);
+        // Only that stored matrix: another stride, shape or start is not it.
+        EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda + 1), nullptr);
+        EXPECT_EQ(shared_bf16_words(a.data(), a_rows - 1, a_cols, lda), nullptr);
+        EXPECT_EQ(shared_bf16_words(a.data() + 1, a_rows, a_cols, lda), nullptr);
       }
-      // The inner object is gone: B is rounded again, A still shared.
-      EXPECT_EQ(shared_bf16_words(b.data(), b_rows, b_cols, ldb), nullptr);
-      EXPECT_NE(shared_bf16_words(a.data(), a_rows, a_cols, lda), nullptr);
-      // Only that stored matrix: another stride, shape or start is not it.
-      EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda + 1), nullptr);
-      EXPECT_EQ(shared_bf16_words(a.data(), a_rows - 1, a_cols, lda), nullptr);
-      EXPECT_EQ(shared_bf16_words(a.data() + 1, a_rows, a_cols, lda), nullptr);
+      EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda), nullptr);
     }
-    EXPECT_EQ(shared_bf16_words(a.data(), a_rows, a_cols, lda), nullptr);
+    // Portable, an operand of bf16 values is read as it is: stated by the caller or found so.
+    if (portable) {
+      const GemmCase cs{false, true, 40, 30, 50, 1.f, 0.f};
+      auto [lda, ldb, ldc, a, b, c0] = padded_operands(cs, 0, 67);
+      a = rounded(a);
+      auto direct = c0, got = c0;
+      gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, direct.data(), ldc);
+      const SharedBf16Operand found(a.data(), cs.m, cs.k, lda), stated(b.data(), cs.n, cs.k, ldb, true);
+      EXPECT_TRUE(found.active());
+      gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, got.data(), ldc);
+      // B was stated to hold bf16 values and does not: it is read as it is, unrounded, so the
+      // product differs from rounding it (the caller's promise is the contract).
+      EXPECT_NE(got, direct);
+    }
   }
-  // Not under fp32 matmuls, nor on the portable path, nor for an empty or absent operand.
-  const auto x = random_vector(64, 5);
-  force_portable_bf16_gemm(true);
-  EXPECT_FALSE(SharedBf16Operand(x.data(), 8, 8).active());
+  // Not under fp32 matmuls, nor for an empty or absent operand.
   force_portable_bf16_gemm(false);
+  const auto x = random_vector(64, 5);
   EXPECT_FALSE(SharedBf16Operand(nullptr, 8, 8).active());
   EXPECT_FALSE(SharedBf16Operand(x.data(), 0, 8).active());
   PrecisionScope fp32(Precision::Fp32);

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "keel/core/bf16.hpp"
 #include "keel/core/error.hpp"
 #include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/fast_math.hpp"
@@ -59,6 +60,12 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
     bf16_words(w, vocab, c, c, words);
     w_words = words;
   }
+  // Without the native path (no AVX512-BF16) the weight is rounded once per call too, into an
+  // fp32 copy that the fp32 gemm reads (SharedBf16Operand), where it is at most 64 MB; a larger one
+  // stays with the packed kernel, which rounds it as it packs, rather than cost its own size again.
+  const bool portable_bf16 = matmul_precision() == Precision::Bf16 && w_words == nullptr;
+  constexpr int64_t kMaxRoundedWeight = int64_t(16) << 20;  // floats
+  const SharedBf16Operand rounded_w(portable_bf16 && vocab * c <= kMaxRoundedWeight ? w : nullptr, vocab, c);
   // C = op(A)·op(W) + beta·C, the weight as gemm_mixed would take it or as the words above.
   auto times_w = [&](bool trans_w, int64_t m, int64_t nn, int64_t k, const float* a, int64_t lda, float beta,
                      float* out, int64_t ldo) {
@@ -135,6 +142,17 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
         loss.z_sum += row_z[size_t(i)];
         ++loss.count;
       }
+    if (rounded_w.active()) {
+      // The logits' gradient is read only by the two products below, each of which rounds it to
+      // bf16: rounded here once, in place, they take it as it is (the same values, no copy).
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < nr; ++i) {
+        float* z = logits.data() + i * ld;
+#pragma omp simd
+        for (int64_t j = 0; j < vocab; ++j) z[j] = bf16_to_float(float_to_bf16(z[j]));
+      }
+    }
+    const SharedBf16Operand rounded_grad(rounded_w.active() ? logits.data() : nullptr, nr, vocab, ld, true);
     if (dh != nullptr) times_w(false, nr, c, vocab, logits.data(), ld, 1.f, dh + r0 * c, c);
     if (dw != nullptr) gemm_mixed(true, false, vocab, c, nr, 1.f, logits.data(), ld, h + r0 * c, c, 1.f, dw, c);
   }

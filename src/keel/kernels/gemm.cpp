@@ -491,17 +491,18 @@ std::atomic<bool> force_portable{env_forces_portable()};
 // not one kept buffer per role each grown to the largest operand it ever held. The buffer grows
 // only while nothing is on it (pointers into it stay valid); a push that does not fit meanwhile
 // gets a block of its own, and the next growth covers it.
-class WordStack {
+template <class T>
+class ScratchStack {
  public:
   struct Entry {
-    uint16_t* words;
+    T* words;
     size_t count;
     bool own_block;
   };
   Entry push(size_t count) {
     high_water_ = std::max(high_water_, top_ + count);
     if (top_ == 0 && buffer_.size() < high_water_) {
-      buffer_ = std::vector<uint16_t>();  // the old one goes before the new one comes
+      buffer_ = std::vector<T>();  // the old one goes before the new one comes
       buffer_.resize(high_water_);
     }
     if (top_ + count <= buffer_.size()) {
@@ -522,17 +523,24 @@ class WordStack {
   }
 
  private:
-  std::vector<uint16_t> buffer_;
-  std::vector<std::vector<uint16_t>> blocks_;
+  std::vector<T> buffer_;
+  std::vector<std::vector<T>> blocks_;
   size_t top_ = 0, high_water_ = 0;
 };
+using WordStack = ScratchStack<uint16_t>;
 thread_local WordStack word_stack;
+// The portable path's rounded fp32 copies, kept the same way.
+using FloatStack = ScratchStack<float>;
+thread_local FloatStack float_stack;
 
 // The live SharedBf16Operands of this thread, innermost last.
 struct SharedWords {
   const float* x;
   int64_t rows, cols, ld;
-  WordStack::Entry words;
+  WordStack::Entry words;                 // native: the bf16 words
+  std::optional<FloatStack::Entry> copy;  // portable: the values rounded into a contiguous copy
+  const float* rounded = nullptr;         // portable: x's values as bf16 (copy or x itself)
+  int64_t rounded_ld = 0;
 };
 thread_local std::vector<SharedWords> shared_operands;
 
@@ -552,6 +560,20 @@ void round_operand(const float* x, int64_t rows, int64_t cols, int64_t ld, Out* 
   }
 }
 
+
+// Whether every value of the stored matrix x is a bf16 value already (its low 16 bits zero), as
+// an activation rounded where it was made is: then rounding it changes nothing. Stops at the first
+// value that is not; read-only.
+bool holds_bf16_values(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(x + r * ld);
+    uint32_t low = 0;
+#pragma omp simd reduction(| : low)
+    for (int64_t j = 0; j < cols; ++j) low |= row[j];
+    if ((low & 0xffffu) != 0) return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -625,9 +647,9 @@ std::string bf16_emulation_note() {
                     : cpu_has_bf16               ? "ONEDNN_MAX_CPU_ISA caps oneDNN below AVX512-BF16"
                                                  : "this CPU has no AVX512-BF16";
   return std::string(why) +
-         ": bf16 matmuls are emulated (operands rounded to bf16 as keel's GEMM packs them, fp32 arithmetic), which "
+         ": bf16 matmuls are emulated (operands rounded to bf16, then multiplied by the fp32 kernels), which "
          "gives bf16's numerics and its memory (saved activations packed as bf16: 25-45% less activation memory) "
-         "but no speed (0.85-0.98x fp32 tokens/s measured with AVX2 code, 0.78-0.86x with AVX-512 code); use "
+         "but no speed (0.91-0.98x fp32 tokens/s measured with AVX2 code, 0.85-0.87x with AVX-512 code); use "
          "precision = \"fp32\" for speed (docs/precision.md)";
 }
 
@@ -678,30 +700,59 @@ void native_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
 
 }  // namespace
 
-SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld) {
-  if (x == nullptr || rows <= 0 || cols <= 0 || matmul_precision() != Precision::Bf16 ||
-      bf16_gemm_path() != Bf16GemmPath::Native)
-    return;
+SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld, bool holds_bf16) {
+  if (x == nullptr || rows <= 0 || cols <= 0 || matmul_precision() != Precision::Bf16) return;
   stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);  // what the products would have spent
   if (ld == 0) ld = cols;
-  const WordStack::Entry words = word_stack.push(size_t(rows * cols));
-  round_operand(x, rows, cols, ld, words.words);
-  shared_operands.push_back({x, rows, cols, ld, words});
+  SharedWords e{x, rows, cols, ld, WordStack::Entry{nullptr, 0, false}, std::nullopt, nullptr, 0};
+  if (bf16_gemm_path() == Bf16GemmPath::Native) {
+    e.words = word_stack.push(size_t(rows * cols));
+    round_operand(x, rows, cols, ld, e.words.words);
+  } else if (holds_bf16 || holds_bf16_values(x, rows, cols, ld)) {
+    // Portable: bf16 values already (an activation); the products read x itself, unscanned.
+    e.rounded = x;
+    e.rounded_ld = ld;
+  } else {
+    // Portable: rounded once into a copy that the fp32 gemm then reads.
+    e.copy = float_stack.push(size_t(rows * cols));
+    round_operand(x, rows, cols, ld, e.copy->words);
+    e.rounded = e.copy->words;
+    e.rounded_ld = cols;
+  }
+  shared_operands.push_back(e);
   active_ = true;
 }
 
 SharedBf16Operand::~SharedBf16Operand() {
   if (!active_) return;
   // Scoped objects die in the reverse order they were made, so this is the innermost one.
-  word_stack.pop(shared_operands.back().words);
+  const SharedWords& e = shared_operands.back();
+  if (e.copy) float_stack.pop(*e.copy);
+  if (e.words.words != nullptr) word_stack.pop(e.words);
   shared_operands.pop_back();
 }
 
 const uint16_t* shared_bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld) {
   for (auto e = shared_operands.rbegin(); e != shared_operands.rend(); ++e)
-    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld) return e->words.words;
+    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld && e->words.words != nullptr)
+      return e->words.words;
   return nullptr;
 }
+
+namespace {
+
+// The portable path's bf16 values of exactly this stored matrix (a rounded copy, or the matrix
+// itself), if a live SharedBf16Operand holds them; ld_out: their row stride.
+const float* shared_rounded(const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t& ld_out) {
+  for (auto e = shared_operands.rbegin(); e != shared_operands.rend(); ++e)
+    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld && e->rounded != nullptr) {
+      ld_out = e->rounded_ld;
+      return e->rounded;
+    }
+  return nullptr;
+}
+
+}  // namespace
 
 // C: (m, n) = alpha·bf16(op(A))(m, k)·bf16(op(B))(k, n) + beta·C, fp32 accumulation
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -722,18 +773,42 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     return;
   }
 #endif
-  if (std::strcmp(block_gemm_isa(), "gemm") != 0) {
-    // Rounded as packed, block by block in cache: no rounded copies of the whole operands
-    // (docs/precision.md, "Without AVX512-BF16").
+  // Portable. Operands whose values are bf16 already (activations, a SharedBf16Operand's) go to the
+  // fp32 gemm as they are, the others rounded into copies: a product of bf16 values is exact in
+  // fp32, so this is bf16 arithmetic on the fp32 kernels. Where that would copy a large operand
+  // (the LM head's logits gradient, a large weight) and the build has keel's packed kernel, both
+  // operands are rounded as that kernel packs them instead, block by block in cache, rather than
+  // cost the operand's size again (docs/precision.md, "Without AVX512-BF16").
+  constexpr int64_t kMaxCopy = int64_t(16) << 20;  // floats (64 MB): any weight of a 0.6-4 B model
+  auto as_bf16 = [](const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t& ld_out) -> const float* {
+    if (const float* shared = shared_rounded(x, rows, cols, ld, ld_out)) return shared;
+    ld_out = ld;
+    return holds_bf16_values(x, rows, cols, ld) ? x : nullptr;
+  };
+  int64_t lda_r = 0, ldb_r = 0;
+  const float* ar = as_bf16(a, a_rows, a_cols, lda, lda_r);
+  const float* br = as_bf16(b, b_rows, b_cols, ldb, ldb_r);
+  const bool packed_kernel = std::strcmp(block_gemm_isa(), "gemm") != 0;
+  if (packed_kernel && ((ar == nullptr && a_rows * a_cols > kMaxCopy) || (br == nullptr && b_rows * b_cols > kMaxCopy))) {
     gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true, bias);
     return;
   }
-  thread_local std::vector<float> a_buf, b_buf;
-  float* ar = kept_buffer(a_buf, size_t(a_rows * a_cols));
-  float* br = kept_buffer(b_buf, size_t(b_rows * b_cols));
-  round_operand(a, a_rows, a_cols, lda, ar);
-  round_operand(b, b_rows, b_cols, ldb, br);
-  gemm_bias(trans_a, trans_b, m, n, k, alpha, ar, a_cols, br, b_cols, beta, c, ldc, bias);
+  std::optional<FloatStack::Entry> copies[2];
+  if (ar == nullptr) {
+    copies[0] = float_stack.push(size_t(a_rows * a_cols));
+    round_operand(a, a_rows, a_cols, lda, copies[0]->words);
+    ar = copies[0]->words;
+    lda_r = a_cols;
+  }
+  if (br == nullptr) {
+    copies[1] = float_stack.push(size_t(b_rows * b_cols));
+    round_operand(b, b_rows, b_cols, ldb, copies[1]->words);
+    br = copies[1]->words;
+    ldb_r = b_cols;
+  }
+  gemm_bias(trans_a, trans_b, m, n, k, alpha, ar, lda_r, br, ldb_r, beta, c, ldc, bias);
+  for (int i = 1; i >= 0; --i)
+    if (copies[i]) float_stack.pop(*copies[i]);
 }
 
 void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {

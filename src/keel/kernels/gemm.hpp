@@ -121,14 +121,16 @@ void bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t
 
 // An fp32 operand that several bf16 products read unchanged (a block's normed input, read by q, k
 // and v forward and by their weight gradients; a layer's output gradient, read by its input and
-// its weight gradient): on the native path it is made bf16 words once, here, and every gemm_bf16
-// on this thread whose A or B is this stored matrix (same pointer, rows, columns and stride)
-// takes those words instead of rounding it again. The same rounding, done once: bit-identical.
-// The caller promises that x does not change while the object lives. Elsewhere (fp32, the
-// portable path, which rounds as it packs) it does nothing.
+// its weight gradient), rounded once for all of them: every gemm_bf16 on this thread whose A or B
+// is this stored matrix (same pointer, rows, columns and stride) takes it as rounded here. On the
+// native path that is bf16 words; on the portable one the fp32 values rounded into a copy, or x
+// itself where its values are bf16 already (checked here, or stated by the caller with
+// holds_bf16), which the fp32 gemm then multiplies. The same rounding, done once: bit-identical.
+// The caller promises that x does not change while the object lives. Under fp32 matmuls it does
+// nothing.
 class SharedBf16Operand {
  public:
-  SharedBf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld = 0);
+  SharedBf16Operand(const float* x, int64_t rows, int64_t cols, int64_t ld = 0, bool holds_bf16 = false);
   ~SharedBf16Operand();
   SharedBf16Operand(const SharedBf16Operand&) = delete;
   SharedBf16Operand& operator=(const SharedBf16Operand&) = delete;
@@ -161,9 +163,9 @@ void force_portable_bf16_gemm(bool portable);
 
 // What a bf16 run should be told when the CPU cannot compute in bf16 (empty where it can): the
 // portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
-// a Zen 5 running AVX2 code: 0.93-0.98x fp32 tokens/s, 11-15% less peak RSS; on an Intel Xeon
-// running AVX2 code, where fp32's weight gradients run on OpenBLAS, 0.85-0.89x; with AVX-512 code
-// 0.78-0.86x; docs/precision.md).
+// a Zen 5 running AVX2 code: 0.93-0.98x fp32 tokens/s, 11-15% less peak RSS; on an Intel Xeon,
+// since the portable path runs the fp32 kernels on rounded operands, 0.91-0.92x with AVX2 code
+// and 0.85-0.87x with AVX-512 code; docs/precision.md).
 std::string bf16_emulation_note();
 
 }  // namespace keel::kernels
