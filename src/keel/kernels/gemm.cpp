@@ -485,17 +485,18 @@ bool env_forces_portable() {
 
 std::atomic<bool> force_portable{env_forces_portable()};
 
-// Every bf16 word the native path makes on a thread lives in one buffer used as a stack: a
-// product's rounded operands for the call, a SharedBf16Operand's for its life. So the memory is
-// the most ever live at once (a shared output gradient beside the other operand of one product),
-// not one kept buffer per role each grown to the largest operand it ever held. The buffer grows
-// only while nothing is on it (pointers into it stay valid); a push that does not fit meanwhile
-// gets a block of its own, and the next growth covers it.
+// The rounded operands gemm_bf16 makes on a thread (the native path's bf16 words, the portable
+// path's rounded fp32 copies) live in one buffer of each kind used as a stack: a product's for the
+// call, a SharedBf16Operand's for its life. So the memory is the most ever live at once (a shared
+// output gradient beside the other operand of one product), not one kept buffer per role each
+// grown to the largest operand it ever held. The buffer grows only while nothing is on it
+// (pointers into it stay valid); a push that does not fit meanwhile gets a block of its own, and
+// the next growth covers it.
 template <class T>
 class ScratchStack {
  public:
   struct Entry {
-    T* words;
+    T* data;
     size_t count;
     bool own_block;
   };
@@ -529,12 +530,11 @@ class ScratchStack {
 };
 using WordStack = ScratchStack<uint16_t>;
 thread_local WordStack word_stack;
-// The portable path's rounded fp32 copies, kept the same way.
 using FloatStack = ScratchStack<float>;
 thread_local FloatStack float_stack;
 
 // The live SharedBf16Operands of this thread, innermost last.
-struct SharedWords {
+struct SharedOperandEntry {
   const float* x;
   int64_t rows, cols, ld;
   WordStack::Entry words;                 // native: the bf16 words
@@ -542,7 +542,7 @@ struct SharedWords {
   const float* rounded = nullptr;         // portable: x's values as bf16 (copy or x itself)
   int64_t rounded_ld = 0;
 };
-thread_local std::vector<SharedWords> shared_operands;
+thread_local std::vector<SharedOperandEntry> shared_operands;
 
 // The stored matrix x: (rows, cols), row stride ld -> out: (rows, cols) contiguous, each value
 // rounded to bf16; Out is uint16_t (bf16 bits) or float (the same value widened).
@@ -674,13 +674,13 @@ void native_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   std::optional<WordStack::Entry> pushed[2];
   auto round_a = [&](std::optional<WordStack::Entry>& e) {
     e = word_stack.push(size_t(a_rows * a_cols));
-    round_operand(a, a_rows, a_cols, lda, e->words);
-    a16 = e->words;
+    round_operand(a, a_rows, a_cols, lda, e->data);
+    a16 = e->data;
   };
   auto round_b = [&](std::optional<WordStack::Entry>& e) {
     e = word_stack.push(size_t(b_rows * b_cols));
-    round_operand(b, b_rows, b_cols, ldb, e->words);
-    b16 = e->words;
+    round_operand(b, b_rows, b_cols, ldb, e->data);
+    b16 = e->data;
   };
   if (a16 == nullptr && b16 == nullptr && b_rows * b_cols > a_rows * a_cols) {
     round_b(pushed[0]);
@@ -704,10 +704,10 @@ SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols,
   if (x == nullptr || rows <= 0 || cols <= 0 || matmul_precision() != Precision::Bf16) return;
   stage_timer::Scope stage_scope(stage_timer::Stage::Gemm);  // what the products would have spent
   if (ld == 0) ld = cols;
-  SharedWords e{x, rows, cols, ld, WordStack::Entry{nullptr, 0, false}, std::nullopt, nullptr, 0};
+  SharedOperandEntry e{x, rows, cols, ld, WordStack::Entry{nullptr, 0, false}, std::nullopt, nullptr, 0};
   if (bf16_gemm_path() == Bf16GemmPath::Native) {
     e.words = word_stack.push(size_t(rows * cols));
-    round_operand(x, rows, cols, ld, e.words.words);
+    round_operand(x, rows, cols, ld, e.words.data);
   } else if (holds_bf16 || holds_bf16_values(x, rows, cols, ld)) {
     // Portable: bf16 values already (an activation); the products read x itself, unscanned.
     e.rounded = x;
@@ -715,8 +715,8 @@ SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols,
   } else {
     // Portable: rounded once into a copy that the fp32 gemm then reads.
     e.copy = float_stack.push(size_t(rows * cols));
-    round_operand(x, rows, cols, ld, e.copy->words);
-    e.rounded = e.copy->words;
+    round_operand(x, rows, cols, ld, e.copy->data);
+    e.rounded = e.copy->data;
     e.rounded_ld = cols;
   }
   shared_operands.push_back(e);
@@ -726,16 +726,16 @@ SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols,
 SharedBf16Operand::~SharedBf16Operand() {
   if (!active_) return;
   // Scoped objects die in the reverse order they were made, so this is the innermost one.
-  const SharedWords& e = shared_operands.back();
+  const SharedOperandEntry& e = shared_operands.back();
   if (e.copy) float_stack.pop(*e.copy);
-  if (e.words.words != nullptr) word_stack.pop(e.words);
+  if (e.words.data != nullptr) word_stack.pop(e.words);
   shared_operands.pop_back();
 }
 
 const uint16_t* shared_bf16_words(const float* x, int64_t rows, int64_t cols, int64_t ld) {
   for (auto e = shared_operands.rbegin(); e != shared_operands.rend(); ++e)
-    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld && e->words.words != nullptr)
-      return e->words.words;
+    if (e->x == x && e->rows == rows && e->cols == cols && e->ld == ld && e->words.data != nullptr)
+      return e->words.data;
   return nullptr;
 }
 
@@ -796,14 +796,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   std::optional<FloatStack::Entry> copies[2];
   if (ar == nullptr) {
     copies[0] = float_stack.push(size_t(a_rows * a_cols));
-    round_operand(a, a_rows, a_cols, lda, copies[0]->words);
-    ar = copies[0]->words;
+    round_operand(a, a_rows, a_cols, lda, copies[0]->data);
+    ar = copies[0]->data;
     lda_r = a_cols;
   }
   if (br == nullptr) {
     copies[1] = float_stack.push(size_t(b_rows * b_cols));
-    round_operand(b, b_rows, b_cols, ldb, copies[1]->words);
-    br = copies[1]->words;
+    round_operand(b, b_rows, b_cols, ldb, copies[1]->data);
+    br = copies[1]->data;
     ldb_r = b_cols;
   }
   gemm_bias(trans_a, trans_b, m, n, k, alpha, ar, lda_r, br, ldb_r, beta, c, ldc, bias);
