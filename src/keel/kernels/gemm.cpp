@@ -779,7 +779,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   // (the LM head's logits gradient, a large weight) and the build has keel's packed kernel, both
   // operands are rounded as that kernel packs them instead, block by block in cache, rather than
   // cost the operand's size again (docs/precision.md, "Without AVX512-BF16").
-  constexpr int64_t kMaxCopy = int64_t(16) << 20;  // floats (64 MB): any weight of a 0.6-4 B model
+  constexpr int64_t kMaxCopy = int64_t(16) << 20;  // floats (64 MB): every weight up to Qwen3-1.7B (2,048 × 6,144)
   auto as_bf16 = [](const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t& ld_out) -> const float* {
     if (const float* shared = shared_rounded(x, rows, cols, ld, ld_out)) return shared;
     ld_out = ld;
