@@ -671,6 +671,8 @@ void native_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
     b16 = shared_bf16_words(b, b_rows, b_cols, ldb);
     ldb16 = b_cols;
   }
+  // Checked before anything goes on the stack, so a failure leaves it as it was.
+  KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb16 <= INT_MAX && ldc <= INT_MAX);
   std::optional<WordStack::Entry> pushed[2];
   auto round_a = [&](std::optional<WordStack::Entry>& e) {
     e = word_stack.push(size_t(a_rows * a_cols));
@@ -689,7 +691,6 @@ void native_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
     if (a16 == nullptr) round_a(pushed[0]);
     if (b16 == nullptr) round_b(pushed[1]);
   }
-  KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb16 <= INT_MAX && ldc <= INT_MAX);
   const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16, a_cols,
                                                  b16, ldb16, beta, c, ldc);
   for (int i = 1; i >= 0; --i)
