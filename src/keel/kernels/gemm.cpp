@@ -561,6 +561,16 @@ void round_operand(const float* x, int64_t rows, int64_t cols, int64_t ld, Out* 
 }
 
 
+// x rounded onto a scratch stack for one product (bf16 words or fp32 values, as round_operand
+// makes them); `pushed` says what to pop when the product is done.
+template <class T>
+T* round_onto(ScratchStack<T>& stack, const float* x, int64_t rows, int64_t cols, int64_t ld,
+              std::optional<typename ScratchStack<T>::Entry>& pushed) {
+  pushed = stack.push(size_t(rows * cols));
+  round_operand(x, rows, cols, ld, pushed->data);
+  return pushed->data;
+}
+
 // Whether every value of the stored matrix x is a bf16 value already (its low 16 bits zero), as
 // an activation rounded where it was made is: then rounding it changes nothing. Stops at the first
 // value that is not; read-only.
@@ -674,22 +684,12 @@ void native_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   // Checked before anything goes on the stack, so a failure leaves it as it was.
   KEEL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && ldb16 <= INT_MAX && ldc <= INT_MAX);
   std::optional<WordStack::Entry> pushed[2];
-  auto round_a = [&](std::optional<WordStack::Entry>& e) {
-    e = word_stack.push(size_t(a_rows * a_cols));
-    round_operand(a, a_rows, a_cols, lda, e->data);
-    a16 = e->data;
-  };
-  auto round_b = [&](std::optional<WordStack::Entry>& e) {
-    e = word_stack.push(size_t(b_rows * b_cols));
-    round_operand(b, b_rows, b_cols, ldb, e->data);
-    b16 = e->data;
-  };
   if (a16 == nullptr && b16 == nullptr && b_rows * b_cols > a_rows * a_cols) {
-    round_b(pushed[0]);
-    round_a(pushed[1]);
+    b16 = round_onto(word_stack, b, b_rows, b_cols, ldb, pushed[0]);
+    a16 = round_onto(word_stack, a, a_rows, a_cols, lda, pushed[1]);
   } else {
-    if (a16 == nullptr) round_a(pushed[0]);
-    if (b16 == nullptr) round_b(pushed[1]);
+    if (a16 == nullptr) a16 = round_onto(word_stack, a, a_rows, a_cols, lda, pushed[0]);
+    if (b16 == nullptr) b16 = round_onto(word_stack, b, b_rows, b_cols, ldb, pushed[1]);
   }
   const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a16, a_cols,
                                                  b16, ldb16, beta, c, ldc);
@@ -715,9 +715,7 @@ SharedBf16Operand::SharedBf16Operand(const float* x, int64_t rows, int64_t cols,
     e.rounded_ld = ld;
   } else {
     // Portable: rounded once into a copy that the fp32 gemm then reads.
-    e.copy = float_stack.push(size_t(rows * cols));
-    round_operand(x, rows, cols, ld, e.copy->data);
-    e.rounded = e.copy->data;
+    e.rounded = round_onto(float_stack, x, rows, cols, ld, e.copy);
     e.rounded_ld = cols;
   }
   shared_operands.push_back(e);
@@ -796,15 +794,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
   std::optional<FloatStack::Entry> copies[2];
   if (ar == nullptr) {
-    copies[0] = float_stack.push(size_t(a_rows * a_cols));
-    round_operand(a, a_rows, a_cols, lda, copies[0]->data);
-    ar = copies[0]->data;
+    ar = round_onto(float_stack, a, a_rows, a_cols, lda, copies[0]);
     lda_r = a_cols;
   }
   if (br == nullptr) {
-    copies[1] = float_stack.push(size_t(b_rows * b_cols));
-    round_operand(b, b_rows, b_cols, ldb, copies[1]->data);
-    br = copies[1]->data;
+    br = round_onto(float_stack, b, b_rows, b_cols, ldb, copies[1]);
     ldb_r = b_cols;
   }
   gemm_bias(trans_a, trans_b, m, n, k, alpha, ar, lda_r, br, ldb_r, beta, c, ldc, bias);
