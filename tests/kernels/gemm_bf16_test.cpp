@@ -39,7 +39,7 @@ std::vector<float> rounded(std::vector<float> x) {
 
 // Restores the default path when a test ends, whatever it forced.
 struct PathGuard {
-  ~PathGuard() { force_portable_bf16_gemm(false); }
+  ~PathGuard() { force_bf16_gemm_path(Bf16GemmChoice::Auto); }
 };
 
 TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
@@ -51,10 +51,10 @@ TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
     const auto ar = rounded(a), br = rounded(b);
     gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, ref.data(), ldc);
     gemm_reference(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, fp32.data(), ldc);
-    force_portable_bf16_gemm(true);
+    force_bf16_gemm_path(Bf16GemmChoice::Portable);
     ASSERT_EQ(bf16_gemm_path(), Bf16GemmPath::Portable);
     gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, portable.data(), ldc);
-    force_portable_bf16_gemm(false);
+    force_bf16_gemm_path(Bf16GemmChoice::Native);
     ASSERT_EQ(bf16_gemm_path(), bf16_gemm_native_available() ? Bf16GemmPath::Native : Bf16GemmPath::Portable);
     gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, native.data(), ldc);
     // Products of bf16 values are exact in fp32, so the only error left is fp32 summation:
@@ -117,9 +117,9 @@ TEST(GemmBf16, PortableRunsTheFp32GemmOnRoundedOperandsOrRoundsAsItPacks) {
     for (size_t i = 0; i < b.size(); i += 5) b[i] = 0.5f + (i % 3 ? 1.0f : 3.0f) / 512;
     if (cc.a_rounded) a = rounded(a);
     auto portable = c0, expected = c0;
-    force_portable_bf16_gemm(true);
+    force_bf16_gemm_path(Bf16GemmChoice::Portable);
     gemm_bf16(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, portable.data(), ldc);
-    force_portable_bf16_gemm(false);
+    force_bf16_gemm_path(Bf16GemmChoice::Native);
     set_gemm_kernel(cc.packed ? GemmKernel::Packed : GemmKernel::Auto);
     const auto ar = rounded(a), br = rounded(b);
     gemm(cs.ta, cs.tb, cs.m, cs.n, cs.k, cs.alpha, ar.data(), lda, br.data(), ldb, cs.beta, expected.data(), ldc);
@@ -140,7 +140,7 @@ TEST(GemmBf16, PortableRoundsSpecialValuesAsFloatToBf16Does) {
     return;
   }
   PathGuard guard;
-  force_portable_bf16_gemm(true);
+  force_bf16_gemm_path(Bf16GemmChoice::Portable);
   const uint32_t special[] = {0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu,
                               0x3f808000u, 0x3f818000u, 0xbf808000u, 0x40490fdbu, 0x3f7fffffu, 0x00800000u,
                               0x7fbfffffu};
@@ -167,7 +167,7 @@ TEST(GemmBf16, WordsOfBGiveTheBitsOfGemmBf16OnBothPaths) {
   // products: the same bits as gemm_bf16 rounding the fp32 weight itself, natively or not.
   PathGuard guard;
   for (bool portable : {false, true}) {
-    force_portable_bf16_gemm(portable);
+    force_bf16_gemm_path(portable ? Bf16GemmChoice::Portable : Bf16GemmChoice::Native);
     for (const GemmCase& cs : kCases) {
       SCOPED_TRACE(std::string(portable ? "portable" : "default path") + " ta=" + std::to_string(cs.ta) +
                    " tb=" + std::to_string(cs.tb) + " k=" + std::to_string(cs.k));
@@ -198,7 +198,7 @@ TEST(GemmBf16, SharedOperandGivesTheBitsOfRoundingItEachTime) {
   PrecisionScope scope(Precision::Bf16);
   for (bool portable : {false, true}) {
     if (!portable && !bf16_gemm_native_available()) continue;
-    force_portable_bf16_gemm(portable);
+    force_bf16_gemm_path(portable ? Bf16GemmChoice::Portable : Bf16GemmChoice::Native);
     for (const GemmCase& cs : kCases) {
       SCOPED_TRACE(std::string(portable ? "portable" : "native") + " ta=" + std::to_string(cs.ta) +
                    " tb=" + std::to_string(cs.tb) + " m=" + std::to_string(cs.m) + " k=" + std::to_string(cs.k));
@@ -254,7 +254,7 @@ TEST(GemmBf16, SharedOperandGivesTheBitsOfRoundingItEachTime) {
     }
   }
   // Not under fp32 matmuls, nor for an empty or absent operand.
-  force_portable_bf16_gemm(false);
+  force_bf16_gemm_path(Bf16GemmChoice::Native);
   const auto x = random_vector(64, 5);
   EXPECT_FALSE(SharedBf16Operand(nullptr, 8, 8).active());
   EXPECT_FALSE(SharedBf16Operand(x.data(), 0, 8).active());
@@ -287,7 +287,7 @@ TEST(GemmBf16, BiasIsAddedInFp32AfterTheProductOnBothPaths) {
   PathGuard guard;
   for (bool portable : {false, true}) {
     if (!portable && !bf16_gemm_native_available()) continue;
-    force_portable_bf16_gemm(portable);
+    force_bf16_gemm_path(portable ? Bf16GemmChoice::Portable : Bf16GemmChoice::Native);
     SCOPED_TRACE(portable ? "portable" : "native");
     for (const GemmCase& cs : {GemmCase{false, true, 300, 700, 64, 1.f, 0.f}, GemmCase{false, false, 17, 33, 9, 1.f, 1.f},
                                GemmCase{false, false, 1100, 40, 130, 0.5f, 0.f}}) {
@@ -344,10 +344,11 @@ namespace {
 
 // A bf16 run on a CPU without native bf16 (or forced portable) is told that it buys no speed.
 TEST(GemmBf16, EmulationIsAnnouncedOnlyWhenEmulating) {
-  force_portable_bf16_gemm(true);
+  PathGuard guard;
+  force_bf16_gemm_path(Bf16GemmChoice::Portable);
   const std::string forced = bf16_emulation_note();
-  force_portable_bf16_gemm(false);
   EXPECT_NE(forced.find("emulated"), std::string::npos) << forced;
+  force_bf16_gemm_path(Bf16GemmChoice::Native);
   if (bf16_gemm_native_available()) {
     EXPECT_EQ(bf16_emulation_note(), "");
     EXPECT_NE(forced.find("KEEL_BF16_GEMM=portable"), std::string::npos);
@@ -358,6 +359,56 @@ TEST(GemmBf16, EmulationIsAnnouncedOnlyWhenEmulating) {
                 note.find("ONEDNN_MAX_CPU_ISA caps oneDNN below AVX512-BF16") != std::string::npos)
         << note;
   }
+  // The default says nothing exactly where it takes the native path.
+  force_bf16_gemm_path(Bf16GemmChoice::Auto);
+  EXPECT_EQ(bf16_emulation_note().empty(), bf16_gemm_path() == Bf16GemmPath::Native);
+}
+
+// Every CPU a run can meet, and what each choice makes of it.
+TEST(GemmBf16, NativePathOnlyWhereItPays) {
+  struct Row {
+    const char* cpu;
+    Bf16CpuTraits traits;
+    Bf16GemmPath auto_path, native_path;
+    const char* note_says;  // what the Auto note names (empty: no note)
+  };
+  const Row rows[] = {
+      {"Intel with AMX", {true, true, false, true}, Bf16GemmPath::Native, Bf16GemmPath::Native, ""},
+      {"AMD Zen 4/5", {true, false, true, true}, Bf16GemmPath::Native, Bf16GemmPath::Native, ""},
+      {"Intel AVX512-BF16 without AMX", {true, false, false, true}, Bf16GemmPath::Portable, Bf16GemmPath::Native,
+       "no AMX"},
+      {"AVX512-BF16 capped by ONEDNN_MAX_CPU_ISA", {false, false, false, true}, Bf16GemmPath::Portable,
+       Bf16GemmPath::Portable, "ONEDNN_MAX_CPU_ISA"},
+      {"AMD without AVX512-BF16 (Zen 3)", {false, false, true, false}, Bf16GemmPath::Portable, Bf16GemmPath::Portable,
+       "no AVX512-BF16"},
+      {"Intel AVX2 only", {false, false, false, false}, Bf16GemmPath::Portable, Bf16GemmPath::Portable,
+       "no AVX512-BF16"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.cpu);
+    EXPECT_EQ(bf16_native_pays(row.traits), row.auto_path == Bf16GemmPath::Native);
+    EXPECT_EQ(choose_bf16_gemm_path(Bf16GemmChoice::Auto, row.traits), row.auto_path);
+    EXPECT_EQ(choose_bf16_gemm_path(Bf16GemmChoice::Native, row.traits), row.native_path);
+    EXPECT_EQ(choose_bf16_gemm_path(Bf16GemmChoice::Portable, row.traits), Bf16GemmPath::Portable);
+    const std::string note = bf16_emulation_note(Bf16GemmChoice::Auto, row.traits);
+    if (*row.note_says == '\0') {
+      EXPECT_EQ(note, "");
+    } else {
+      EXPECT_NE(note.find(row.note_says), std::string::npos) << note;
+      EXPECT_NE(note.find("emulated"), std::string::npos) << note;
+    }
+    // Forcing native where it is available silences the note; forcing portable always names the variable.
+    EXPECT_EQ(bf16_emulation_note(Bf16GemmChoice::Native, row.traits).empty(), row.traits.native_available);
+    if (row.traits.native_available) {
+      EXPECT_NE(bf16_emulation_note(Bf16GemmChoice::Portable, row.traits).find("KEEL_BF16_GEMM=portable"),
+                std::string::npos);
+    }
+  }
+  // This machine's own traits agree with what gemm_bf16 does by default.
+  PathGuard guard;
+  force_bf16_gemm_path(Bf16GemmChoice::Auto);
+  EXPECT_EQ(bf16_gemm_path(), choose_bf16_gemm_path(Bf16GemmChoice::Auto, bf16_cpu_traits()));
+  RecordProperty("native_pays_here", bf16_native_pays(bf16_cpu_traits()) ? "yes" : "no");
 }
 
 }  // namespace

@@ -199,10 +199,11 @@ TEST_P(Bf16Model, LossAndGradientsTrackFp32) {
 // whole model agrees far more tightly between them than with fp32.
 TEST_P(Bf16Model, NativeAndPortablePathsAgree) {
   Fixture s = load_fixture(GetParam().fixture);
+  kernels::force_bf16_gemm_path(kernels::Bf16GemmChoice::Native);
   const Pass native = run(s, Precision::Bf16);
-  kernels::force_portable_bf16_gemm(true);
+  kernels::force_bf16_gemm_path(kernels::Bf16GemmChoice::Portable);
   const Pass portable = run(s, Precision::Bf16);
-  kernels::force_portable_bf16_gemm(false);
+  kernels::force_bf16_gemm_path(kernels::Bf16GemmChoice::Auto);
   EXPECT_LE(std::fabs(native.loss - portable.loss) / std::fabs(portable.loss), 1e-4);
   double nd = 0, nn = 0;
   for (size_t i = 0; i < native.grads.size(); ++i) {

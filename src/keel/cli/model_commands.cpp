@@ -428,7 +428,9 @@ void register_bench(CLI::App& app) {
       // (-march) and oneDNN's ISA under ONEDNN_MAX_CPU_ISA.
       out["kernels"] = {{"block_gemm", kernels::block_gemm_isa()},
                         {"gemm_backend", kernels::gemm_backend_isa()},
-                        {"bf16_gemm_native", kernels::bf16_gemm_native_available()}};
+                        {"bf16_gemm_native", kernels::bf16_gemm_native_available()},
+                        {"bf16_gemm_path",
+                         kernels::bf16_gemm_path() == kernels::Bf16GemmPath::Native ? "native" : "portable"}};
       std::printf("%s\n", out.dump().c_str());
     } else {
       std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB (%s)", ms, tps, peak_rss_mb(), cpu_description().c_str());

@@ -478,12 +478,15 @@ void gemm_bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 
 namespace {
 
-bool env_forces_portable() {
+Bf16GemmChoice env_bf16_gemm_choice() {
   const char* v = std::getenv("KEEL_BF16_GEMM");
-  return v != nullptr && std::strcmp(v, "portable") == 0;
+  if (v == nullptr) return Bf16GemmChoice::Auto;
+  if (std::strcmp(v, "portable") == 0) return Bf16GemmChoice::Portable;
+  if (std::strcmp(v, "native") == 0) return Bf16GemmChoice::Native;
+  return Bf16GemmChoice::Auto;
 }
 
-std::atomic<bool> force_portable{env_forces_portable()};
+std::atomic<Bf16GemmChoice> bf16_gemm_choice{env_bf16_gemm_choice()};
 
 // The rounded operands gemm_bf16 makes on a thread (the native path's bf16 words, the portable
 // path's rounded fp32 copies) live in one buffer of each kind used as a stack: a product's for the
@@ -600,6 +603,35 @@ bool bf16_gemm_native_available() {
 #endif
 }
 
+Bf16CpuTraits bf16_cpu_traits() {
+  Bf16CpuTraits cpu;
+  cpu.native_available = bf16_gemm_native_available();
+#if KEEL_GEMM_DNNL && defined(__x86_64__)
+  // oneDNN's own answer, so a CPU whose AMX the kernel or the hypervisor withholds (or that
+  // ONEDNN_MAX_CPU_ISA caps below it) counts as without it.
+  cpu.amx_bf16 = dnnl_allows(dnnl_cpu_isa_avx512_core_amx);
+#endif
+#if defined(__x86_64__)
+  cpu.amd = __builtin_cpu_is("amd") != 0;
+  cpu.cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
+#endif
+  return cpu;
+}
+
+bool bf16_native_pays(const Bf16CpuTraits& cpu) { return cpu.native_available && (cpu.amx_bf16 || cpu.amd); }
+
+Bf16GemmPath choose_bf16_gemm_path(Bf16GemmChoice choice, const Bf16CpuTraits& cpu) {
+  switch (choice) {
+    case Bf16GemmChoice::Portable:
+      return Bf16GemmPath::Portable;
+    case Bf16GemmChoice::Native:
+      return cpu.native_available ? Bf16GemmPath::Native : Bf16GemmPath::Portable;
+    case Bf16GemmChoice::Auto:
+      break;
+  }
+  return bf16_native_pays(cpu) ? Bf16GemmPath::Native : Bf16GemmPath::Portable;
+}
+
 namespace {
 
 std::string backend_library_isa() {
@@ -641,26 +673,36 @@ std::string gemm_backend_isa() {
 }
 
 Bf16GemmPath bf16_gemm_path() {
-  return bf16_gemm_native_available() && !force_portable.load() ? Bf16GemmPath::Native : Bf16GemmPath::Portable;
+  static const Bf16CpuTraits cpu = bf16_cpu_traits();
+  return choose_bf16_gemm_path(bf16_gemm_choice.load(std::memory_order_relaxed), cpu);
 }
 
-void force_portable_bf16_gemm(bool portable) { force_portable.store(portable); }
+void force_bf16_gemm_path(Bf16GemmChoice choice) { bf16_gemm_choice.store(choice); }
+
+std::string bf16_emulation_note(Bf16GemmChoice choice, const Bf16CpuTraits& cpu) {
+  if (choose_bf16_gemm_path(choice, cpu) == Bf16GemmPath::Native) return "";
+  const std::string numerics =
+      "bf16 matmuls are emulated (operands rounded to bf16, then multiplied by the fp32 kernels), which gives "
+      "bf16's numerics and its memory (saved activations packed as bf16: 25-45% less activation memory)";
+  if (cpu.native_available && choice != Bf16GemmChoice::Portable) {
+    // Available but not paying: an Intel CPU whose AMX tiles oneDNN cannot use.
+    return "this CPU has AVX512-BF16 but no AMX that oneDNN may use, and there oneDNN's bf16 products run at about "
+           "half the fp32 kernels' rate: " +
+           numerics +
+           " at about fp32's speed (0.96-1.00x fp32 tokens/s measured on such an Intel Xeon); KEEL_BF16_GEMM=native "
+           "takes oneDNN's bf16 products instead (docs/precision.md)";
+  }
+  const char* why = cpu.native_available ? "KEEL_BF16_GEMM=portable"
+                    : cpu.cpu_has_bf16   ? "ONEDNN_MAX_CPU_ISA caps oneDNN below AVX512-BF16"
+                                         : "this CPU has no AVX512-BF16";
+  return std::string(why) + ": " + numerics +
+         " but no speed (0.91-0.98x fp32 tokens/s measured with AVX2 code, 0.85-0.87x with AVX-512 code); use "
+         "precision = \"fp32\" for speed (docs/precision.md)";
+}
 
 std::string bf16_emulation_note() {
-  if (bf16_gemm_path() == Bf16GemmPath::Native) return "";
-#if defined(__x86_64__)
-  const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
-#else
-  const bool cpu_has_bf16 = false;
-#endif
-  const char* why = bf16_gemm_native_available() ? "KEEL_BF16_GEMM=portable"
-                    : cpu_has_bf16               ? "ONEDNN_MAX_CPU_ISA caps oneDNN below AVX512-BF16"
-                                                 : "this CPU has no AVX512-BF16";
-  return std::string(why) +
-         ": bf16 matmuls are emulated (operands rounded to bf16, then multiplied by the fp32 kernels), which "
-         "gives bf16's numerics and its memory (saved activations packed as bf16: 25-45% less activation memory) "
-         "but no speed (0.91-0.98x fp32 tokens/s measured with AVX2 code, 0.85-0.87x with AVX-512 code); use "
-         "precision = \"fp32\" for speed (docs/precision.md)";
+  static const Bf16CpuTraits cpu = bf16_cpu_traits();
+  return bf16_emulation_note(bf16_gemm_choice.load(std::memory_order_relaxed), cpu);
 }
 
 namespace {

@@ -149,17 +149,37 @@ void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
                 const float* bias = nullptr);
 
 enum class Bf16GemmPath { Native, Portable };
-// True when the build links oneDNN and the CPU reports AVX512-BF16.
+// True when the build links oneDNN and oneDNN may use AVX512-BF16 on this CPU.
 bool bf16_gemm_native_available();
+
+// What decides whether the native path pays: oneDNN's bf16 gemm is fast only where the CPU
+// multiplies bf16 faster than fp32. With AMX tiles (Intel Sapphire Rapids and later, where the
+// kernel and hypervisor expose them) and on AMD's AVX512-BF16 (Zen 4 and later) it is 1.7-2.4x
+// the fp32 gemm; on an Intel CPU without AMX its vdpbf16ps runs on one port where fp32 FMAs run
+// on two, and it measured 0.5x the fp32 gemm (docs/precision.md, "Where bf16 products pay").
+struct Bf16CpuTraits {
+  bool native_available = false;  // bf16_gemm_native_available()
+  bool amx_bf16 = false;          // oneDNN may use AMX tiles here
+  bool amd = false;               // the CPU's vendor is AMD
+  bool cpu_has_bf16 = false;      // the CPU reports AVX512-BF16 (whether or not oneDNN may use it)
+};
+Bf16CpuTraits bf16_cpu_traits();
+// Whether the native path beats the fp32 kernels on a CPU with these traits.
+bool bf16_native_pays(const Bf16CpuTraits& cpu);
+
+// Auto takes the native path where it is available and pays; Native where it is available;
+// Portable always. The environment variable KEEL_BF16_GEMM=native|portable sets the starting
+// choice (read once), force_bf16_gemm_path() changes it (tests, benchmarks).
+enum class Bf16GemmChoice { Auto, Native, Portable };
+Bf16GemmPath choose_bf16_gemm_path(Bf16GemmChoice choice, const Bf16CpuTraits& cpu);
 
 // The library behind gemm() and the widest ISA it may use here, "oneDNN avx2" say: the CPU's, or
 // less where ONEDNN_MAX_CPU_ISA caps it; with OpenBLAS taking products beside it, its kernels too
 // ("oneDNN avx2 + OpenBLAS Haswell"). Benchmarks print it beside the CPU's own flags.
 std::string gemm_backend_isa();
-// The path gemm_bf16 takes now: Native when available, unless forced portable by
-// force_portable_bf16_gemm(true) or the environment variable KEEL_BF16_GEMM=portable (read once).
+// The path gemm_bf16 takes now: choose_bf16_gemm_path(the current choice, this CPU).
 Bf16GemmPath bf16_gemm_path();
-void force_portable_bf16_gemm(bool portable);
+void force_bf16_gemm_path(Bf16GemmChoice choice);
 
 // What a bf16 run should be told when the CPU cannot compute in bf16 (empty where it can): the
 // portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
@@ -167,5 +187,7 @@ void force_portable_bf16_gemm(bool portable);
 // since the portable path runs the fp32 kernels on rounded operands, 0.91-0.92x with AVX2 code
 // and 0.85-0.87x with AVX-512 code; docs/precision.md).
 std::string bf16_emulation_note();
+// The same for a given choice and CPU (what a run on that CPU would be told).
+std::string bf16_emulation_note(Bf16GemmChoice choice, const Bf16CpuTraits& cpu);
 
 }  // namespace keel::kernels
