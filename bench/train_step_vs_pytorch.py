@@ -25,7 +25,9 @@ run is its own process, so each peak RSS is its own.
 
 --isa says what code both sides run. as-is (the default) leaves the environment alone. native
 removes the caps some machines set in every shell (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE,
-ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), so each side runs what the CPU has. avx2 races what an
+ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), so each side runs what the CPU has; where OpenBLAS does
+not know the CPU and would run kernels narrower than its vectors (Prescott's SSE3 on a 2023 Xeon),
+it sets OPENBLAS_CORETYPE to the CPU's own (SkylakeX with AVX-512, Haswell with AVX2) and says so. avx2 races what an
 AVX2-only CPU (a Zen 3) runs, on any newer x86-64 machine: keel built for AVX2 (build/avx2/keel
 unless --keel says otherwise: `cmake --preset avx2 && cmake --build --preset avx2 --target keel`)
 with oneDNN capped at AVX2, and PyTorch with ATen's AVX2 kernels and OpenBLAS's Haswell ones
@@ -227,7 +229,52 @@ def cpu_description():
                                     ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
     caps = [f"{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k)]
     return (f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} logical CPUs"
-            + (f"; code capped by {', '.join(caps)}" if caps else ""))
+            + (f"; kernels set by {', '.join(caps)}" if caps else ""))
+
+
+def cpu_flags():
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+# OpenBLAS's kernels by the widest vectors they use (OpenBLAS 0.3.21's DYNAMIC_ARCH core names).
+OPENBLAS_AVX512_CORES = {"SkylakeX", "Cooperlake", "SapphireRapids"}
+OPENBLAS_AVX2_CORES = OPENBLAS_AVX512_CORES | {"Haswell", "Zen"}
+
+
+def openblas_detected_core():
+    """The kernel set OpenBLAS picks for this CPU by itself (no OPENBLAS_CORETYPE), asked in a
+    child process so this one's environment and libraries stay as they are; None if unknown."""
+    probe = ("import ctypes\n"
+             "l = ctypes.CDLL('libopenblas.so.0')\n"
+             "l.openblas_get_corename.restype = ctypes.c_char_p\n"
+             "print(l.openblas_get_corename().decode())")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def openblas_core_for_this_cpu(flags, detected):
+    """OPENBLAS_CORETYPE to set where OpenBLAS does not know this CPU and falls back to kernels
+    narrower than its vectors (OpenBLAS 0.3.21 takes a 2023 Intel Xeon, model 207, for a
+    Prescott: SSE3), else None. The peer is then PyTorch on the kernels its BLAS has for this CPU,
+    as a BLAS that knew the model would pick; keel's GEMMs (oneDNN) detect the CPU themselves."""
+    if detected is None:
+        return None
+    if "avx512f" in flags and detected not in OPENBLAS_AVX512_CORES:
+        return "SkylakeX"
+    if "avx2" in flags and detected not in OPENBLAS_AVX2_CORES:
+        return "Haswell"
+    return None
 
 
 # Environment variables that hold code below what the CPU has: oneDNN's (keel's GEMMs), ATen's
@@ -248,6 +295,12 @@ def apply_isa(isa, keel):
         os.environ.pop(k, None)
     if isa == "native":
         os.environ.pop("OPENBLAS_L2_SIZE", None)  # OpenBLAS reads the CPU's own cache sizes
+        detected = openblas_detected_core()
+        core = openblas_core_for_this_cpu(cpu_flags(), detected)
+        if core is not None:
+            print(f"OpenBLAS takes this CPU for a {detected}: OPENBLAS_CORETYPE={core} gives it its own kernels",
+                  flush=True)
+            os.environ["OPENBLAS_CORETYPE"] = core
         return keel
     os.environ.update(AVX2_CAPS)
     if not os.access(keel, os.X_OK):
@@ -395,7 +448,7 @@ def print_row(row):
     if "keel_kernels" in row:
         k = row["keel_kernels"]
         print(f"{'':6s} keel ran: block microkernel {k['block_gemm']}, GEMMs {k['gemm_backend']}, "
-              f"bf16 GEMMs {'native' if k['bf16_gemm_native'] else 'emulated'}", flush=True)
+              f"bf16 GEMMs {k.get('bf16_gemm_path', 'native' if k['bf16_gemm_native'] else 'portable')}", flush=True)
     if row["peer_candidates_tokens_per_s"]:
         print(f"{'':6s} peers searched (tok/s): " +
               ", ".join(f"{k} {v:.0f}" for k, v in row["peer_candidates_tokens_per_s"].items()), flush=True)

@@ -39,6 +39,16 @@ void for_each_panel_kernel(Body body) {
   set_gemm_kernel(GemmKernel::Auto);
 }
 
+// OpenBLAS takes products only where it runs AVX2 kernels or wider: a CPU newer than the
+// library is taken for an old one (OpenBLAS 0.3.21 names a 2023 Intel Xeon "Prescott").
+TEST(GemmKernel, OpenblasOnlyOnItsAvx2KernelsOrWider) {
+  for (const char* core : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    EXPECT_TRUE(openblas_core_has_avx2(core)) << core;
+  for (const char* core : {"Prescott", "Nehalem", "Sandybridge", "Core2", "Atom", "Barcelona", "Bulldozer",
+                           "haswell", ""})
+    EXPECT_FALSE(openblas_core_has_avx2(core)) << core;
+}
+
 // What Auto puts under the panels: the backend everywhere on AVX-512; below it, with OpenBLAS
 // beside oneDNN, OpenBLAS for weight gradients (TN) and for NN products whose B has a row stride
 // of a multiple of 512 floats, the packed kernel for NT products with that stride, oneDNN for the

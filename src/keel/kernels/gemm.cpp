@@ -114,7 +114,23 @@ std::atomic<int> gemm_kernel_mode{static_cast<int>(env_gemm_kernel())};
 
 void set_gemm_kernel(GemmKernel kernel) { gemm_kernel_mode.store(static_cast<int>(kernel)); }
 
-bool gemm_openblas_beside_backend() { return KEEL_GEMM_DNNL && KEEL_GEMM_OPENBLAS_BESIDE; }
+bool openblas_core_has_avx2(std::string_view core) {
+  // OpenBLAS 0.3.21's DYNAMIC_ARCH families with AVX2 or AVX-512 GEMM kernels.
+  for (std::string_view known : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == known) return true;
+  return false;
+}
+
+bool gemm_openblas_beside_backend() {
+#if KEEL_GEMM_DNNL && KEEL_GEMM_OPENBLAS_BESIDE
+  // OpenBLAS takes the products it was measured faster on only where it runs its AVX2 kernels;
+  // on a CPU it does not know it falls back to SSE ones, and oneDNN and keel's kernels keep them.
+  static const bool usable = openblas_core_has_avx2(openblas_get_corename());
+  return usable;
+#else
+  return false;
+#endif
+}
 
 bool gemm_below_avx512() {
   // The AVX2 microkernel in the build and oneDNN held below AVX-512 (by the CPU or a cap).
@@ -659,7 +675,8 @@ std::string gemm_backend_isa() {
   std::string text = backend_library_isa();
   const auto mode = static_cast<GemmKernel>(gemm_kernel_mode.load(std::memory_order_relaxed));
 #if KEEL_GEMM_OPENBLAS_BESIDE
-  if ((mode == GemmKernel::Auto && gemm_below_avx512()) || mode == GemmKernel::Openblas)
+  if (((mode == GemmKernel::Auto && gemm_below_avx512()) || mode == GemmKernel::Openblas) &&
+      gemm_openblas_beside_backend())
     text += std::string(" + OpenBLAS ") + openblas_get_corename();
 #endif
   // A forced kernel (KEEL_GEMM, or a test) is named, so a benchmark's line says what ran.

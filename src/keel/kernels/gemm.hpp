@@ -4,6 +4,7 @@
 // gemm_bf16 is the mixed-precision variant (bf16 operands, fp32 accumulation; docs/precision.md).
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace keel::kernels {
 
@@ -71,8 +72,13 @@ void set_gemm_kernel(GemmKernel kernel);
 constexpr int64_t kGemmPackedStride = 512;
 PanelKernel gemm_panel_kernel(bool trans_a, bool trans_b, int64_t ldb);
 bool gemm_uses_packed_kernel(bool trans_a, bool trans_b, int64_t ldb);  // gemm_panel_kernel(...) == Packed
-// Whether this build links OpenBLAS beside oneDNN, and whether Auto runs below AVX-512 here.
+// Whether this build links OpenBLAS beside oneDNN and OpenBLAS runs AVX2 kernels or wider here,
+// and whether Auto runs below AVX-512 here.
 bool gemm_openblas_beside_backend();
+// Whether OpenBLAS's kernel family `core` (openblas_get_corename()) multiplies with 256-bit FMAs
+// or wider. An OpenBLAS older than the CPU takes it for an old one ("Prescott", SSE3; OpenBLAS
+// 0.3.21 on a 2023 Intel Xeon), and its products then run at a fraction of the CPU's rate.
+bool openblas_core_has_avx2(std::string_view core);
 bool gemm_below_avx512();
 
 // A panel of a TN product (a weight gradient that is neither cut along k nor swapped) run as an
