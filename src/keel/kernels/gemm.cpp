@@ -706,7 +706,7 @@ std::string bf16_emulation_note(Bf16GemmChoice choice, const Bf16CpuTraits& cpu)
     return "this CPU has AVX512-BF16 but no AMX that oneDNN may use, and there oneDNN's bf16 products run at about "
            "half the fp32 kernels' rate: " +
            numerics +
-           " at about fp32's speed (0.96-1.00x fp32 tokens/s measured on such an Intel Xeon); KEEL_BF16_GEMM=native "
+           " at 0.82-0.94x fp32 tokens/s (measured on such an Intel Xeon); KEEL_BF16_GEMM=native "
            "takes oneDNN's bf16 products instead (docs/precision.md)";
   }
   const char* why = cpu.native_available ? "KEEL_BF16_GEMM=portable"

@@ -187,11 +187,12 @@ std::string gemm_backend_isa();
 Bf16GemmPath bf16_gemm_path();
 void force_bf16_gemm_path(Bf16GemmChoice choice);
 
-// What a bf16 run should be told when the CPU cannot compute in bf16 (empty where it can): the
+// What a bf16 run should be told when its products do not run in bf16 (empty where they do): the
 // portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
 // a Zen 5 running AVX2 code: 0.93-0.98x fp32 tokens/s, 11-15% less peak RSS; on an Intel Xeon,
 // since the portable path runs the fp32 kernels on rounded operands, 0.91-0.92x with AVX2 code
-// and 0.85-0.87x with AVX-512 code; docs/precision.md).
+// and 0.85-0.87x with AVX-512 code; docs/precision.md). On a CPU with AVX512-BF16 where the
+// native path does not pay, the note says why and names KEEL_BF16_GEMM=native.
 std::string bf16_emulation_note();
 // The same for a given choice and CPU (what a run on that CPU would be told).
 std::string bf16_emulation_note(Bf16GemmChoice choice, const Bf16CpuTraits& cpu);
