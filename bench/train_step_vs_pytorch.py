@@ -260,19 +260,22 @@ def openblas_detected_core():
         out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def openblas_core_for_this_cpu(flags, detected):
     """OPENBLAS_CORETYPE to set where OpenBLAS does not know this CPU and falls back to kernels
-    narrower than its vectors (OpenBLAS 0.3.21 takes a 2023 Intel Xeon, model 207, for a
-    Prescott: SSE3), else None. The peer is then PyTorch on the kernels its BLAS has for this CPU,
+    without AVX2 (OpenBLAS 0.3.21 takes a 2023 Intel Xeon, model 207, for a Prescott: SSE3),
+    else None. The peer is then PyTorch on the kernels its BLAS has for this CPU,
     as a BLAS that knew the model would pick; keel's GEMMs (oneDNN) detect the CPU themselves."""
-    if detected is None:
+    # Only a fallback below AVX2 is overridden, as keel's own guard (openblas_core_has_avx2)
+    # does: an AVX2 family on an AVX-512 CPU (Zen on a Zen 4, say) is OpenBLAS's own choice, and
+    # the races on those machines were measured with it.
+    if detected is None or detected.lower() in {c.lower() for c in OPENBLAS_AVX2_CORES}:
         return None
-    if "avx512f" in flags and detected not in OPENBLAS_AVX512_CORES:
+    if "avx512f" in flags:
         return "SkylakeX"
-    if "avx2" in flags and detected not in OPENBLAS_AVX2_CORES:
+    if "avx2" in flags:
         return "Haswell"
     return None
 

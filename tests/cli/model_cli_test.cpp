@@ -128,6 +128,8 @@ TEST_F(ModelCli, BenchPrintsJson) {
   EXPECT_EQ(j["kernels"]["block_gemm"].get<std::string>(), kernels::block_gemm_isa());
   EXPECT_EQ(j["kernels"]["gemm_backend"].get<std::string>(), kernels::gemm_backend_isa());
   EXPECT_EQ(j["kernels"]["bf16_gemm_native"].get<bool>(), kernels::bf16_gemm_native_available());
+  EXPECT_EQ(j["kernels"]["bf16_gemm_path"].get<std::string>(),
+            kernels::bf16_gemm_path() == kernels::Bf16GemmPath::Native ? "native" : "portable");
   // The GEMM time by shape: forwards (NT), input gradients (NN) and weight gradients (TN), whose
   // FLOPs add up to gemm_gflop_per_step and whose shares of the GEMM time to at most 1.
   const auto& shapes = j["gemm_shapes"];

@@ -28,5 +28,19 @@ TEST(Avx2Microkernel, OneDnnIsCappedAsOnAnAvx2OnlyCpu) {
   EXPECT_FALSE(bf16_gemm_native_available());
 }
 
+TEST(Avx2Microkernel, OpenblasRunsItsHaswellKernelsBesideOneDnn) {
+  // The environment also holds OpenBLAS to its Haswell kernels, so the OpenBLAS panels are tested
+  // whatever OpenBLAS would make of this CPU (gemm_openblas_beside_backend needs AVX2 kernels).
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  ASSERT_NE(core, nullptr);
+  EXPECT_EQ(std::string(core), "Haswell");
+#if KEEL_GEMM_OPENBLAS_BESIDE
+  EXPECT_TRUE(gemm_openblas_beside_backend());
+  EXPECT_NE(gemm_backend_isa().find("OpenBLAS Haswell"), std::string::npos) << gemm_backend_isa();
+#else
+  EXPECT_FALSE(gemm_openblas_beside_backend());
+#endif
+}
+
 }  // namespace
 }  // namespace keel::kernels

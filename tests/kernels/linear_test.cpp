@@ -136,31 +136,40 @@ TEST(LinearKernel, OverwrittenDxIgnoresOldContentsAndWeightGradientsStillAccumul
   }
 }
 
-// Under bf16 the backward makes dy bf16 words once for both of its products (SharedBf16Operand):
-// the bits of the two products run through gemm_bf16 one by one, each rounding dy itself, in both
-// weight layouts, with dx overwritten or accumulated; and the words are gone when it returns.
+// Under bf16 the backward rounds dy once for both of its products (SharedBf16Operand: bf16 words
+// on the native path, a rounded copy on the portable one, each forced in turn): the bits of the
+// two products run through gemm_bf16 one by one, each rounding dy itself, in both weight layouts,
+// with dx overwritten or accumulated; and the rounded dy is gone when it returns.
 TEST(LinearKernel, Bf16BackwardGivesTheBitsOfItsTwoProductsRunAlone) {
   const int64_t n = 300, in = 96, out = 160;
   const auto x = random_vector(size_t(n * in), 41), w = random_vector(size_t(in * out), 42),
              g = random_vector(size_t(n * out), 43), dx_start = random_vector(size_t(n * in), 44),
              dw_start = random_vector(size_t(in * out), 45);
   PrecisionScope scope(Precision::Bf16);
-  for (bool w_in_out : {false, true}) {
-    for (GradWrite write : {GradWrite::Accumulate, GradWrite::Overwrite}) {
-      SCOPED_TRACE(std::to_string(w_in_out) + (write == GradWrite::Overwrite ? " overwrite" : " accumulate"));
-      auto dx = dx_start, dw = dw_start, dx_ref = dx_start, dw_ref = dw_start;
-      linear_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(), nullptr, n, in, out, w_in_out, 0, write);
-      const float beta = write == GradWrite::Overwrite ? 0.f : 1.f;
-      if (w_in_out) {
-        gemm_bf16(false, true, n, in, out, 1.f, g.data(), out, w.data(), out, beta, dx_ref.data(), in);
-        gemm_bf16(true, false, in, out, n, 1.f, x.data(), in, g.data(), out, 1.f, dw_ref.data(), out);
-      } else {
-        gemm_bf16(false, false, n, in, out, 1.f, g.data(), out, w.data(), in, beta, dx_ref.data(), in);
-        gemm_bf16(true, false, out, in, n, 1.f, g.data(), out, x.data(), in, 1.f, dw_ref.data(), in);
+  struct Restore {
+    Bf16GemmChoice before = bf16_gemm_choice();
+    ~Restore() { force_bf16_gemm_path(before); }
+  } restore;
+  for (Bf16GemmChoice path : {Bf16GemmChoice::Native, Bf16GemmChoice::Portable}) {
+    for (bool w_in_out : {false, true}) {
+      for (GradWrite write : {GradWrite::Accumulate, GradWrite::Overwrite}) {
+        force_bf16_gemm_path(path);
+        SCOPED_TRACE(std::string(path == Bf16GemmChoice::Native ? "native " : "portable ") + std::to_string(w_in_out) +
+                     (write == GradWrite::Overwrite ? " overwrite" : " accumulate"));
+        auto dx = dx_start, dw = dw_start, dx_ref = dx_start, dw_ref = dw_start;
+        linear_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(), nullptr, n, in, out, w_in_out, 0, write);
+        const float beta = write == GradWrite::Overwrite ? 0.f : 1.f;
+        if (w_in_out) {
+          gemm_bf16(false, true, n, in, out, 1.f, g.data(), out, w.data(), out, beta, dx_ref.data(), in);
+          gemm_bf16(true, false, in, out, n, 1.f, x.data(), in, g.data(), out, 1.f, dw_ref.data(), out);
+        } else {
+          gemm_bf16(false, false, n, in, out, 1.f, g.data(), out, w.data(), in, beta, dx_ref.data(), in);
+          gemm_bf16(true, false, out, in, n, 1.f, g.data(), out, x.data(), in, 1.f, dw_ref.data(), in);
+        }
+        ASSERT_EQ(dx, dx_ref);
+        ASSERT_EQ(dw, dw_ref);
+        EXPECT_EQ(shared_bf16_words(g.data(), n, out, out), nullptr);
       }
-      ASSERT_EQ(dx, dx_ref);
-      ASSERT_EQ(dw, dw_ref);
-      EXPECT_EQ(shared_bf16_words(g.data(), n, out, out), nullptr);
     }
   }
 }

@@ -60,7 +60,7 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
     bf16_words(w, vocab, c, c, words);
     w_words = words;
   }
-  // Without the native path (no AVX512-BF16) the weight is rounded once per call too, into an
+  // On the portable path (no AVX512-BF16, or no AMX to make it pay) the weight is rounded once per call too, into an
   // fp32 copy that the fp32 gemm reads (SharedBf16Operand), where it is at most 64 MB; a larger one
   // stays with the packed kernel, which rounds it as it packs, rather than cost its own size again.
   const bool portable_bf16 = matmul_precision() == Precision::Bf16 && w_words == nullptr;

@@ -106,11 +106,11 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 // (nearest, ties to even), then multiplied with fp32 accumulation into the fp32 C. A product of
 // two bf16 values (8-bit significands) is exact in fp32 (24 bits), so the native and the
 // portable path below differ only in summation order.
-//   native:   oneDNN's bf16 gemm (dnnl_gemm_bf16bf16f32), AVX512-BF16 vdpbf16ps on CPUs that
-//             have it (Intel Cooper Lake+, AMD Zen 4+);
-//   portable: any CPU. keel's packed kernel (block_gemm.hpp) with each block of the operands
-//             rounded as it is packed; where the build has no microkernel, operands rounded into
-//             fp32 buffers, then the fp32 gemm above.
+//   native:   oneDNN's bf16 gemm (dnnl_gemm_bf16bf16f32), where it beats the fp32 kernels: AMX
+//             tiles (Intel Sapphire Rapids+) or AMD's AVX512-BF16 (Zen 4+); bf16_native_pays;
+//   portable: any CPU. The fp32 gemm above on the operands' bf16 values: an operand that holds
+//             them already is read as it is, the others rounded into fp32 copies; where a copy
+//             would pass 64 MB, keel's packed kernel (block_gemm.hpp) rounds each block as it packs.
 // bias: as gemm_bias, added in fp32 to the product of the rounded operands.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
@@ -186,6 +186,7 @@ std::string gemm_backend_isa();
 // The path gemm_bf16 takes now: choose_bf16_gemm_path(the current choice, this CPU).
 Bf16GemmPath bf16_gemm_path();
 void force_bf16_gemm_path(Bf16GemmChoice choice);
+Bf16GemmChoice bf16_gemm_choice();  // the current choice (what a test restores)
 
 // What a bf16 run should be told when its products do not run in bf16 (empty where they do): the
 // portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
