@@ -213,8 +213,8 @@ def run_keel(keel, config, batch, seq, steps, warmup, threads, optimizer, precis
     return json.loads(out)
 
 
-def cpu_description():
-    """'MODEL NAME (ISA)' from /proc/cpuinfo: the vector extensions that decide keel's kernels."""
+def cpuinfo():
+    """The first CPU's model name and flags from /proc/cpuinfo."""
     model, flags = "unknown CPU", set()
     try:
         for line in open("/proc/cpuinfo"):
@@ -225,22 +225,17 @@ def cpu_description():
                 flags = set(value.split())
     except OSError:
         pass
+    return model, flags
+
+
+def cpu_description():
+    """'MODEL NAME (ISA)' from /proc/cpuinfo: the vector extensions that decide keel's kernels."""
+    model, flags = cpuinfo()
     isa = [name for flag, name in (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"),
                                     ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
     caps = [f"{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k)]
     return (f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} logical CPUs"
             + (f"; kernels set by {', '.join(caps)}" if caps else ""))
-
-
-def cpu_flags():
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            if key.strip() == "flags":
-                return set(value.split())
-    except OSError:
-        pass
-    return set()
 
 
 # OpenBLAS's kernels by the widest vectors they use (OpenBLAS 0.3.21's DYNAMIC_ARCH core names).
@@ -299,7 +294,7 @@ def apply_isa(isa, keel):
     if isa == "native":
         os.environ.pop("OPENBLAS_L2_SIZE", None)  # OpenBLAS reads the CPU's own cache sizes
         detected = openblas_detected_core()
-        core = openblas_core_for_this_cpu(cpu_flags(), detected)
+        core = openblas_core_for_this_cpu(cpuinfo()[1], detected)
         if core is not None:
             print(f"OpenBLAS takes this CPU for a {detected}: OPENBLAS_CORETYPE={core} gives it its own kernels",
                   flush=True)

@@ -37,11 +37,8 @@ std::vector<float> rounded(std::vector<float> x) {
   return x;
 }
 
-// Restores the path chosen before (the default, or KEEL_BF16_GEMM's) when a test ends, whatever it forced.
-struct PathGuard {
-  Bf16GemmChoice before = bf16_gemm_choice();
-  ~PathGuard() { force_bf16_gemm_path(before); }
-};
+// Each test that forces a path restores the one chosen before it (the default, or KEEL_BF16_GEMM's).
+using PathGuard = Bf16GemmChoiceScope;
 
 TEST(GemmBf16, NativeAndPortableMatchReferenceOnRoundedOperands) {
   PathGuard guard;

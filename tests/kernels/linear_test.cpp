@@ -146,10 +146,7 @@ TEST(LinearKernel, Bf16BackwardGivesTheBitsOfItsTwoProductsRunAlone) {
              g = random_vector(size_t(n * out), 43), dx_start = random_vector(size_t(n * in), 44),
              dw_start = random_vector(size_t(in * out), 45);
   PrecisionScope scope(Precision::Bf16);
-  struct Restore {
-    Bf16GemmChoice before = bf16_gemm_choice();
-    ~Restore() { force_bf16_gemm_path(before); }
-  } restore;
+  const Bf16GemmChoiceScope restore;
   for (Bf16GemmChoice path : {Bf16GemmChoice::Native, Bf16GemmChoice::Portable}) {
     for (bool w_in_out : {false, true}) {
       for (GradWrite write : {GradWrite::Accumulate, GradWrite::Overwrite}) {

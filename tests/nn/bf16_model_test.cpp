@@ -200,10 +200,7 @@ TEST_P(Bf16Model, LossAndGradientsTrackFp32) {
 // fp32.
 TEST_P(Bf16Model, NativeAndPortablePathsAgree) {
   Fixture s = load_fixture(GetParam().fixture);
-  struct Restore {
-    kernels::Bf16GemmChoice before = kernels::bf16_gemm_choice();
-    ~Restore() { kernels::force_bf16_gemm_path(before); }
-  } restore;
+  const kernels::Bf16GemmChoiceScope restore;
   kernels::force_bf16_gemm_path(kernels::Bf16GemmChoice::Native);
   const Pass native = run(s, Precision::Bf16);
   kernels::force_bf16_gemm_path(kernels::Bf16GemmChoice::Portable);

@@ -698,9 +698,16 @@ std::string gemm_backend_isa() {
   return text;
 }
 
-Bf16GemmPath bf16_gemm_path() {
+namespace {
+// This CPU's traits, read once (bf16_gemm_path runs on every product).
+const Bf16CpuTraits& this_cpu() {
   static const Bf16CpuTraits cpu = bf16_cpu_traits();
-  return choose_bf16_gemm_path(current_bf16_gemm_choice.load(std::memory_order_relaxed), cpu);
+  return cpu;
+}
+}  // namespace
+
+Bf16GemmPath bf16_gemm_path() {
+  return choose_bf16_gemm_path(current_bf16_gemm_choice.load(std::memory_order_relaxed), this_cpu());
 }
 
 void force_bf16_gemm_path(Bf16GemmChoice choice) { current_bf16_gemm_choice.store(choice); }
@@ -731,8 +738,7 @@ std::string bf16_emulation_note(Bf16GemmChoice choice, const Bf16CpuTraits& cpu)
 }
 
 std::string bf16_emulation_note() {
-  static const Bf16CpuTraits cpu = bf16_cpu_traits();
-  return bf16_emulation_note(current_bf16_gemm_choice.load(std::memory_order_relaxed), cpu);
+  return bf16_emulation_note(current_bf16_gemm_choice.load(std::memory_order_relaxed), this_cpu());
 }
 
 namespace {

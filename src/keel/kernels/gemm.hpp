@@ -186,7 +186,18 @@ std::string gemm_backend_isa();
 // The path gemm_bf16 takes now: choose_bf16_gemm_path(the current choice, this CPU).
 Bf16GemmPath bf16_gemm_path();
 void force_bf16_gemm_path(Bf16GemmChoice choice);
-Bf16GemmChoice bf16_gemm_choice();  // the current choice (what a test restores)
+Bf16GemmChoice bf16_gemm_choice();  // the current choice
+// Restores the choice it found when it goes out of scope, whatever was forced meanwhile (tests).
+class Bf16GemmChoiceScope {
+ public:
+  Bf16GemmChoiceScope() : before_(bf16_gemm_choice()) {}
+  ~Bf16GemmChoiceScope() { force_bf16_gemm_path(before_); }
+  Bf16GemmChoiceScope(const Bf16GemmChoiceScope&) = delete;
+  Bf16GemmChoiceScope& operator=(const Bf16GemmChoiceScope&) = delete;
+
+ private:
+  Bf16GemmChoice before_;
+};
 
 // What a bf16 run should be told when its products do not run in bf16 (empty where they do): the
 // portable path gives bf16's numerics a little below fp32's speed, with less memory (measured on
