@@ -27,6 +27,23 @@ TEST(InspectCli, JsonForOneConfig) {
   EXPECT_EQ(j["architecture"]["moe"]["num_experts"], 384);
 }
 
+// A KEEL_* setting with a value keel does not take stops every command before it starts, in one
+// line naming the setting, the value and the values it takes; a value it takes runs.
+TEST(InspectCli, UnknownEnvironmentSettingIsOneLineAndExit2) {
+  const std::string config = source_path("configs/hf/qwen3-0.6b.json");
+  auto bad = run_keel("inspect --json " + config, "KEEL_GEMM=packd");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(bad.out.empty()) << bad.out;
+  EXPECT_EQ(bad.err,
+            "keel: error: environment: KEEL_GEMM: 'packd' is not a value it takes (packed, backend, openblas)\n");
+  auto threads = run_keel("inspect --json " + config, "KEEL_THREADS=fixd");
+  EXPECT_EQ(threads.status, 2);
+  EXPECT_NE(threads.err.find("KEEL_THREADS: 'fixd'"), std::string::npos) << threads.err;
+  auto good = run_keel("inspect --json " + config, "KEEL_GEMM=packed KEEL_THREADS=fixed KEEL_DENORMALS=flush");
+  EXPECT_EQ(good.status, 0) << good.err;
+  EXPECT_TRUE(good.err.empty()) << good.err;
+}
+
 TEST(InspectCli, FolderAndOverrides) {
   auto r = run_keel("inspect --json --set num_hidden_layers=4 --set tie_word_embeddings=true " +
                     source_path("configs/hf/llama-3.1-8b.json"));

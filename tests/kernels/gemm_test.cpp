@@ -50,6 +50,40 @@ TEST(GemmKernel, OpenblasOnlyOnItsAvx2KernelsOrWider) {
     EXPECT_FALSE(openblas_core_has_avx2(core)) << core;
 }
 
+// Where OpenBLAS has a role and runs kernels without AVX2 on a CPU with AVX2, the run's start
+// names its kernels and the OPENBLAS_CORETYPE that fixes them; nowhere else.
+TEST(GemmKernel, OpenblasOnAnOldCpusKernelsIsToldAtTheStart) {
+  const std::string beside = openblas_core_note(OpenblasRole::Beside, "Prescott", true, true);
+  EXPECT_NE(beside.find("its Prescott kernels"), std::string::npos) << beside;
+  EXPECT_NE(beside.find("stay on oneDNN"), std::string::npos) << beside;
+  EXPECT_NE(beside.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << beside;
+  const std::string only = openblas_core_note(OpenblasRole::Only, "Nehalem", true, false);
+  EXPECT_NE(only.find("every product"), std::string::npos) << only;
+  EXPECT_NE(only.find("OPENBLAS_CORETYPE=Haswell"), std::string::npos) << only;
+  EXPECT_EQ(openblas_core_note(OpenblasRole::None, "Prescott", true, true), "");   // OpenBLAS not used
+  EXPECT_EQ(openblas_core_note(OpenblasRole::Beside, "Haswell", true, true), "");  // its AVX2 kernels
+  EXPECT_EQ(openblas_core_note(OpenblasRole::Only, "SKYLAKEX", true, true), "");
+  EXPECT_EQ(openblas_core_note(OpenblasRole::Only, "Nehalem", false, false), "");  // an old CPU's own
+  // This build and CPU: a note exactly when OpenBLAS is offered products and misses AVX2 kernels.
+  const std::string here = openblas_core_note();
+  if (gemm_openblas_beside_backend()) {
+    EXPECT_EQ(here, "");
+  }
+  // KEEL_GEMM=openblas where OpenBLAS cannot take products: oneDNN runs, and the label says so.
+  set_gemm_kernel(GemmKernel::Openblas);
+  const std::string label = gemm_backend_isa();
+  const std::string forced_note = openblas_core_note();
+  set_gemm_kernel(GemmKernel::Auto);
+#if KEEL_GEMM_DNNL && KEEL_GEMM_OPENBLAS_BESIDE && defined(__x86_64__)
+  // Offered every product, OpenBLAS on kernels without AVX2 (a CPU it does not know) is told.
+  EXPECT_EQ(forced_note.empty(), gemm_openblas_beside_backend() || !__builtin_cpu_supports("avx2")) << forced_note;
+#endif
+  if (label.rfind("oneDNN", 0) == 0) {
+    EXPECT_EQ(label.find("(KEEL_GEMM=openblas ignored)") != std::string::npos, !gemm_openblas_beside_backend()) << label;
+    EXPECT_EQ(label.find("+ OpenBLAS") != std::string::npos, gemm_openblas_beside_backend()) << label;
+  }
+}
+
 // What Auto puts under the panels: the backend everywhere on AVX-512; below it, with OpenBLAS
 // beside oneDNN, OpenBLAS for weight gradients (TN) and for NN products whose B has a row stride
 // of a multiple of 512 floats, the packed kernel for NT products with that stride, oneDNN for the

@@ -8,6 +8,7 @@
 
 #include "keel/cli/commands.hpp"
 #include "keel/core/denormals.hpp"
+#include "keel/core/env_settings.hpp"
 #include "keel/core/error.hpp"
 #include "keel/dist/communicator.hpp"
 
@@ -17,9 +18,11 @@ int main(int argc, char** argv) {
       "config.json files, with the mechanisms that keep training stable."};
   // Subnormal floats are flushed to zero on every thread (core/denormals.hpp): on some x86 cores
   // they slow a training step several-fold. KEEL_DENORMALS=keep leaves IEEE behaviour.
-  const char* denormals = std::getenv("KEEL_DENORMALS");
-  keel::set_flush_denormals(denormals == nullptr || std::string(denormals) != "keep");
+  keel::set_flush_denormals(keel::env_setting("KEEL_DENORMALS") != "keep");
   keel::cli::set_command_line(argc, argv);
+  // A KEEL_* setting with a value keel does not take would otherwise run as its default.
+  if (const std::string env_error = keel::env_settings_error(); !env_error.empty())
+    return keel::cli::report_error(env_error.c_str(), false);
   app.require_subcommand(1);
   app.set_version_flag("--version", "keel 0.1.0");
   keel::cli::register_inspect(app);

@@ -323,6 +323,8 @@ void register_bench(CLI::App& app) {
     model.set_precision(*kernels::parse_precision(o->precision));
     model.set_recompute(*nn::parse_recompute(o->recompute));
     model.set_bf16_activations(*nn::parse_bf16_activations(o->bf16_activations));
+    if (const std::string blas = kernels::openblas_core_note(); !blas.empty())
+      std::fprintf(stderr, "keel: note: %s\n", blas.c_str());
     if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
       std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
     }

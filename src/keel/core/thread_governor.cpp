@@ -1,5 +1,7 @@
 #include "keel/core/thread_governor.hpp"
 
+#include "keel/core/env_settings.hpp"
+
 #include <omp.h>
 #include <unistd.h>
 
@@ -87,8 +89,7 @@ int ThreadGovernor::step_boundary() {
 
 ThreadGovernor& thread_governor() {
   static ThreadGovernor governor = [] {
-    const char* mode = std::getenv("KEEL_THREADS");
-    const bool enabled = mode == nullptr || std::strcmp(mode, "fixed") != 0;
+    const bool enabled = env_setting("KEEL_THREADS") != "fixed";
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
     return ThreadGovernor(omp_get_max_threads(), static_cast<int>(online > 0 ? online : 1), enabled);
   }();

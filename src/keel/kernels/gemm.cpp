@@ -30,6 +30,7 @@ extern "C" char* openblas_get_corename(void);
 #include <vector>
 
 #include "keel/core/bf16.hpp"
+#include "keel/core/env_settings.hpp"
 #include "keel/core/error.hpp"
 #include "keel/core/kept_buffer.hpp"
 #include "keel/kernels/block_gemm.hpp"
@@ -76,9 +77,9 @@ namespace {
 std::atomic<int> pad_aliased_b_mode{static_cast<int>(PadAliasedB::Auto)};
 // KEEL_TN_PANELS=transposed|as-is (read once) overrides Auto, for A/B runs.
 TransposeTnPanels env_transpose_tn_panels() {
-  const char* v = std::getenv("KEEL_TN_PANELS");
-  if (v != nullptr && std::strcmp(v, "transposed") == 0) return TransposeTnPanels::Always;
-  if (v != nullptr && std::strcmp(v, "as-is") == 0) return TransposeTnPanels::Never;
+  const std::string_view v = env_setting("KEEL_TN_PANELS");
+  if (v == "transposed") return TransposeTnPanels::Always;
+  if (v == "as-is") return TransposeTnPanels::Never;
   return TransposeTnPanels::Auto;
 }
 std::atomic<int> transpose_tn_mode{static_cast<int>(env_transpose_tn_panels())};
@@ -102,10 +103,10 @@ bool backend_lacks_avx512() {
 
 // KEEL_GEMM=packed|backend|openblas (read once) overrides Auto, for benchmarks and A/B runs.
 GemmKernel env_gemm_kernel() {
-  const char* v = std::getenv("KEEL_GEMM");
-  if (v != nullptr && std::strcmp(v, "packed") == 0) return GemmKernel::Packed;
-  if (v != nullptr && std::strcmp(v, "backend") == 0) return GemmKernel::Backend;
-  if (v != nullptr && std::strcmp(v, "openblas") == 0) return GemmKernel::Openblas;
+  const std::string_view v = env_setting("KEEL_GEMM");
+  if (v == "packed") return GemmKernel::Packed;
+  if (v == "backend") return GemmKernel::Backend;
+  if (v == "openblas") return GemmKernel::Openblas;
   return GemmKernel::Auto;
 }
 
@@ -138,6 +139,35 @@ bool gemm_openblas_beside_backend() {
   return usable;
 #else
   return false;
+#endif
+}
+
+std::string openblas_core_note(OpenblasRole role, std::string_view core, bool cpu_avx2, bool cpu_avx512) {
+  if (role == OpenblasRole::None || !cpu_avx2 || openblas_core_has_avx2(core)) return "";
+  const std::string what =
+      role == OpenblasRole::Beside
+          ? "the products keel hands it on AVX2 code stay on oneDNN and keel's kernels (5% slower, measured on an "
+            "Intel Xeon)"
+          : "every product runs at a fraction of this CPU's rate";
+  return "OpenBLAS picked its " + std::string(core) + " kernels, without AVX2 (it does not know this CPU), so " +
+         what + "; OPENBLAS_CORETYPE=" + (cpu_avx512 ? "SkylakeX" : "Haswell") +
+         " in the environment gives it this CPU's (docs/blas.md)";
+}
+
+std::string openblas_core_note() {
+#if defined(__x86_64__) && (!KEEL_GEMM_DNNL || KEEL_GEMM_OPENBLAS_BESIDE)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+#if KEEL_GEMM_DNNL
+  // Beside oneDNN OpenBLAS is offered products only where Auto runs below AVX-512, or when forced.
+  const auto mode = static_cast<GemmKernel>(gemm_kernel_mode.load());
+  const bool offered = (mode == GemmKernel::Auto && gemm_below_avx512()) || mode == GemmKernel::Openblas;
+  return openblas_core_note(offered ? OpenblasRole::Beside : OpenblasRole::None, openblas_get_corename(), avx2, avx512);
+#else
+  return openblas_core_note(OpenblasRole::Only, openblas_get_corename(), avx2, avx512);
+#endif
+#else
+  return "";
 #endif
 }
 
@@ -504,10 +534,9 @@ void gemm_bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 namespace {
 
 Bf16GemmChoice env_bf16_gemm_choice() {
-  const char* v = std::getenv("KEEL_BF16_GEMM");
-  if (v == nullptr) return Bf16GemmChoice::Auto;
-  if (std::strcmp(v, "portable") == 0) return Bf16GemmChoice::Portable;
-  if (std::strcmp(v, "native") == 0) return Bf16GemmChoice::Native;
+  const std::string_view v = env_setting("KEEL_BF16_GEMM");
+  if (v == "portable") return Bf16GemmChoice::Portable;
+  if (v == "native") return Bf16GemmChoice::Native;
   return Bf16GemmChoice::Auto;
 }
 
@@ -693,7 +722,14 @@ std::string gemm_backend_isa() {
     case GemmKernel::Auto: break;
     case GemmKernel::Backend: text += " (KEEL_GEMM=backend)"; break;
     case GemmKernel::Packed: text += " (KEEL_GEMM=packed)"; break;
-    case GemmKernel::Openblas: text += " (KEEL_GEMM=openblas)"; break;
+    case GemmKernel::Openblas:
+#if KEEL_GEMM_DNNL
+      // Forced where OpenBLAS is absent or on kernels without AVX2: oneDNN runs, and is named.
+      text += gemm_openblas_beside_backend() ? " (KEEL_GEMM=openblas)" : " (KEEL_GEMM=openblas ignored)";
+#else
+      text += " (KEEL_GEMM=openblas)";
+#endif
+      break;
   }
   return text;
 }

@@ -54,6 +54,10 @@ std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, co
   model->set_recompute(c.recompute);
   model->set_bf16_activations(*nn::parse_bf16_activations(c.bf16_activations));
   const dist::Communicator* comm = dist::current();
+  if (comm == nullptr || comm->is_root()) {
+    const std::string blas = kernels::openblas_core_note();
+    if (!blas.empty()) std::fprintf(stderr, "keel: note: %s\n", blas.c_str());
+  }
   if (c.precision == kernels::Precision::Bf16 && (comm == nullptr || comm->is_root())) {
     const std::string note = kernels::bf16_emulation_note();
     if (!note.empty()) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
