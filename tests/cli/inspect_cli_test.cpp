@@ -35,7 +35,7 @@ TEST(InspectCli, UnknownEnvironmentSettingIsOneLineAndExit2) {
   EXPECT_EQ(bad.status, 2);
   EXPECT_TRUE(bad.out.empty()) << bad.out;
   EXPECT_EQ(bad.err,
-            "keel: error: environment: KEEL_GEMM: 'packd' is not a value it takes (packed, backend, openblas)\n");
+            "keel: error: environment: KEEL_GEMM: 'packd' is not a value it takes (auto, packed, backend, openblas)\n");
   auto threads = run_keel("inspect --json " + config, "KEEL_THREADS=fixd");
   EXPECT_EQ(threads.status, 2);
   EXPECT_NE(threads.err.find("KEEL_THREADS: 'fixd'"), std::string::npos) << threads.err;

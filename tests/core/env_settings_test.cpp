@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <string>
 
 namespace keel {
@@ -28,12 +30,12 @@ std::string error_with(const char* name, const char* value) {
 
 TEST(EnvSettings, UnknownValueNamesTheSettingAndWhatItTakes) {
   EXPECT_EQ(error_with("KEEL_GEMM", "packd"),
-            "environment: KEEL_GEMM: 'packd' is not a value it takes (packed, backend, openblas)");
+            "environment: KEEL_GEMM: 'packd' is not a value it takes (auto, packed, backend, openblas)");
   EXPECT_EQ(error_with("KEEL_BF16_GEMM", "Native"),  // case matters, as it does to the reader
-            "environment: KEEL_BF16_GEMM: 'Native' is not a value it takes (native, portable)");
+            "environment: KEEL_BF16_GEMM: 'Native' is not a value it takes (auto, native, portable)");
   EXPECT_NE(error_with("KEEL_THREADS", "2").find("KEEL_THREADS: '2'"), std::string::npos);
   EXPECT_NE(error_with("KEEL_DENORMALS", "off").find("(keep, flush)"), std::string::npos);
-  EXPECT_NE(error_with("KEEL_TN_PANELS", "as_is").find("(transposed, as-is)"), std::string::npos);
+  EXPECT_NE(error_with("KEEL_TN_PANELS", "as_is").find("(auto, transposed, as-is)"), std::string::npos);
 }
 
 TEST(EnvSettings, EveryValueItTakesAndNoValuePass) {
@@ -61,6 +63,27 @@ TEST(EnvSettings, ReadsOnlyAValueItTakes) {
   EXPECT_EQ(env_setting("KEEL_TN_PANELS"), "");
   EXPECT_EQ(env_setting("KEEL_NOT_A_SETTING"), "");
   if (found != nullptr) ::setenv("KEEL_TN_PANELS", saved.c_str(), 1);
+}
+
+// docs/usage.md's table lists every setting with exactly the values it takes.
+TEST(EnvSettings, UsageDocListsEverySettingAndItsValues) {
+  std::ifstream in(std::string(KEEL_SOURCE_DIR) + "/docs/usage.md");
+  ASSERT_TRUE(in) << "docs/usage.md";
+  std::map<std::string, std::string> rows;  // name -> its row's values cell
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `KEEL_", 0) != 0) continue;
+    const size_t name_end = line.find('`', 3);
+    const size_t cell = line.find('|', name_end);
+    rows[line.substr(3, name_end - 3)] = line.substr(cell + 1, line.find('|', cell + 1) - cell - 1);
+  }
+  EXPECT_EQ(rows.size(), env_settings().size());
+  for (const EnvSetting& s : env_settings()) {
+    const auto row = rows.find(std::string(s.name));
+    ASSERT_NE(row, rows.end()) << s.name << " is not in docs/usage.md's table";
+    std::string expected;
+    for (size_t i = 0; i < s.values.size(); ++i) expected += (i ? ", `" : " `") + std::string(s.values[i]) + "`";
+    EXPECT_EQ(row->second, expected + " ") << s.name;
+  }
 }
 
 }  // namespace

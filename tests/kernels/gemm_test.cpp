@@ -53,35 +53,43 @@ TEST(GemmKernel, OpenblasOnlyOnItsAvx2KernelsOrWider) {
 // Where OpenBLAS has a role and runs kernels without AVX2 on a CPU with AVX2, the run's start
 // names its kernels and the OPENBLAS_CORETYPE that fixes them; nowhere else.
 TEST(GemmKernel, OpenblasOnAnOldCpusKernelsIsToldAtTheStart) {
-  const std::string beside = openblas_core_note(OpenblasRole::Beside, "Prescott", true, true);
+  const std::string beside = openblas_core_note(OpenblasRole::Beside, "Prescott", true, "Haswell");
   EXPECT_NE(beside.find("its Prescott kernels"), std::string::npos) << beside;
   EXPECT_NE(beside.find("stay on oneDNN"), std::string::npos) << beside;
-  EXPECT_NE(beside.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << beside;
-  const std::string only = openblas_core_note(OpenblasRole::Only, "Nehalem", true, false);
-  EXPECT_NE(only.find("every product"), std::string::npos) << only;
-  EXPECT_NE(only.find("OPENBLAS_CORETYPE=Haswell"), std::string::npos) << only;
-  EXPECT_EQ(openblas_core_note(OpenblasRole::None, "Prescott", true, true), "");   // OpenBLAS not used
-  EXPECT_EQ(openblas_core_note(OpenblasRole::Beside, "Haswell", true, true), "");  // its AVX2 kernels
-  EXPECT_EQ(openblas_core_note(OpenblasRole::Only, "SKYLAKEX", true, true), "");
-  EXPECT_EQ(openblas_core_note(OpenblasRole::Only, "Nehalem", false, false), "");  // an old CPU's own
-  // This build and CPU: a note exactly when OpenBLAS is offered products and misses AVX2 kernels.
-  const std::string here = openblas_core_note();
-  if (gemm_openblas_beside_backend()) {
-    EXPECT_EQ(here, "");
-  }
-  // KEEL_GEMM=openblas where OpenBLAS cannot take products: oneDNN runs, and the label says so.
+  EXPECT_NE(beside.find("OPENBLAS_CORETYPE=Haswell"), std::string::npos) << beside;
+  const std::string forced = openblas_core_note(OpenblasRole::Forced, "Prescott", true, "SkylakeX");
+  EXPECT_NE(forced.find("KEEL_GEMM=openblas is ignored"), std::string::npos) << forced;
+  EXPECT_NE(forced.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << forced;
+  const std::string only = openblas_core_note(OpenblasRole::Only, "Nehalem", true, "Haswell");
+  EXPECT_NE(only.find("every product runs at a fraction"), std::string::npos) << only;
+  EXPECT_EQ(openblas_core_note(OpenblasRole::None, "Prescott", true, "Haswell"), "");   // OpenBLAS not used
+  EXPECT_EQ(openblas_core_note(OpenblasRole::Beside, "Haswell", true, "Haswell"), "");  // its AVX2 kernels
+  EXPECT_EQ(openblas_core_note(OpenblasRole::Only, "SKYLAKEX", true, "SkylakeX"), "");
+  EXPECT_EQ(openblas_core_note(OpenblasRole::Only, "Nehalem", false, "Haswell"), "");  // an old CPU's own
+
+  // This build, CPU and OpenBLAS: a note exactly where OpenBLAS is offered products and picked
+  // kernels without AVX2 on a CPU with AVX2.
+  const std::string core = openblas_core_name();
+  bool cpu_avx2 = false;
+#if defined(__x86_64__)
+  cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  const bool old_kernels = !core.empty() && !openblas_core_has_avx2(core) && cpu_avx2;
+  set_gemm_kernel(GemmKernel::Auto);
+#if KEEL_GEMM_DNNL
+  EXPECT_EQ(!openblas_core_note().empty(), old_kernels && gemm_below_avx512()) << openblas_core_note();
+  // KEEL_GEMM=openblas: the note where OpenBLAS cannot take them, and the label says "ignored".
   set_gemm_kernel(GemmKernel::Openblas);
   const std::string label = gemm_backend_isa();
-  const std::string forced_note = openblas_core_note();
+  const std::string forced_here = openblas_core_note();
   set_gemm_kernel(GemmKernel::Auto);
-#if KEEL_GEMM_DNNL && KEEL_GEMM_OPENBLAS_BESIDE && defined(__x86_64__)
-  // Offered every product, OpenBLAS on kernels without AVX2 (a CPU it does not know) is told.
-  EXPECT_EQ(forced_note.empty(), gemm_openblas_beside_backend() || !__builtin_cpu_supports("avx2")) << forced_note;
+  EXPECT_EQ(!forced_here.empty(), old_kernels) << forced_here;
+  EXPECT_EQ(label.find("(KEEL_GEMM=openblas ignored)") != std::string::npos, !gemm_openblas_beside_backend()) << label;
+  EXPECT_EQ(label.find("+ OpenBLAS") != std::string::npos, gemm_openblas_beside_backend()) << label;
+#else
+  EXPECT_FALSE(core.empty());  // OpenBLAS is the backend
+  EXPECT_EQ(!openblas_core_note().empty(), old_kernels) << openblas_core_note();
 #endif
-  if (label.rfind("oneDNN", 0) == 0) {
-    EXPECT_EQ(label.find("(KEEL_GEMM=openblas ignored)") != std::string::npos, !gemm_openblas_beside_backend()) << label;
-    EXPECT_EQ(label.find("+ OpenBLAS") != std::string::npos, gemm_openblas_beside_backend()) << label;
-  }
 }
 
 // What Auto puts under the panels: the backend everywhere on AVX-512; below it, with OpenBLAS

@@ -20,9 +20,14 @@ int main(int argc, char** argv) {
   // they slow a training step several-fold. KEEL_DENORMALS=keep leaves IEEE behaviour.
   keel::set_flush_denormals(keel::env_setting("KEEL_DENORMALS") != "keep");
   keel::cli::set_command_line(argc, argv);
-  // A KEEL_* setting with a value keel does not take would otherwise run as its default.
-  if (const std::string env_error = keel::env_settings_error(); !env_error.empty())
-    return keel::cli::report_error(env_error.c_str(), false);
+  // A KEEL_* setting with a value keel does not take would otherwise run as its default. Checked
+  // before MPI starts: under a bare `mpirun -np N keel ...` every rank stops and rank 0 says why.
+  if (const std::string env_error = keel::env_settings_error(); !env_error.empty()) {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr) rank = std::getenv("PMIX_RANK");
+    if (rank == nullptr || std::string(rank) == "0") std::fprintf(stderr, "keel: error: %s\n", env_error.c_str());
+    return 2;
+  }
   app.require_subcommand(1);
   app.set_version_flag("--version", "keel 0.1.0");
   keel::cli::register_inspect(app);

@@ -142,16 +142,21 @@ bool gemm_openblas_beside_backend() {
 #endif
 }
 
-std::string openblas_core_note(OpenblasRole role, std::string_view core, bool cpu_avx2, bool cpu_avx512) {
+std::string openblas_core_note(OpenblasRole role, std::string_view core, bool cpu_avx2, std::string_view coretype) {
   if (role == OpenblasRole::None || !cpu_avx2 || openblas_core_has_avx2(core)) return "";
-  const std::string what =
-      role == OpenblasRole::Beside
-          ? "the products keel hands it on AVX2 code stay on oneDNN and keel's kernels (5% slower, measured on an "
-            "Intel Xeon)"
-          : "every product runs at a fraction of this CPU's rate";
+  std::string what;
+  switch (role) {
+    case OpenblasRole::Beside:
+      // `bench/binary_ab.sh` with and without OpenBLAS beside oneDNN on AVX2 code: 3.4-4.3% on one
+      // Intel Xeon, 5% on another (docs/performance.md).
+      what = "the products keel hands it on AVX2 code stay on oneDNN and keel's kernels (3-5% slower, measured on "
+             "Intel Xeons)";
+      break;
+    case OpenblasRole::Forced: what = "KEEL_GEMM=openblas is ignored and oneDNN runs every product"; break;
+    default: what = "every product runs at a fraction of this CPU's rate"; break;
+  }
   return "OpenBLAS picked its " + std::string(core) + " kernels, without AVX2 (it does not know this CPU), so " +
-         what + "; OPENBLAS_CORETYPE=" + (cpu_avx512 ? "SkylakeX" : "Haswell") +
-         " in the environment gives it this CPU's (docs/blas.md)";
+         what + "; OPENBLAS_CORETYPE=" + std::string(coretype) + " in the environment gives it this CPU's (docs/blas.md)";
 }
 
 std::string openblas_core_note() {
@@ -159,13 +164,25 @@ std::string openblas_core_note() {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = __builtin_cpu_supports("avx512f");
 #if KEEL_GEMM_DNNL
-  // Beside oneDNN OpenBLAS is offered products only where Auto runs below AVX-512, or when forced.
+  // Auto offers OpenBLAS products only on AVX2 code (Haswell kernels are the ones to ask for, as
+  // on an AVX2 CPU); KEEL_GEMM=openblas offers it every product, at the CPU's full width.
   const auto mode = static_cast<GemmKernel>(gemm_kernel_mode.load());
-  const bool offered = (mode == GemmKernel::Auto && gemm_below_avx512()) || mode == GemmKernel::Openblas;
-  return openblas_core_note(offered ? OpenblasRole::Beside : OpenblasRole::None, openblas_get_corename(), avx2, avx512);
+  const OpenblasRole role = mode == GemmKernel::Openblas                  ? OpenblasRole::Forced
+                            : mode == GemmKernel::Auto && gemm_below_avx512() ? OpenblasRole::Beside
+                                                                          : OpenblasRole::None;
+  const bool wide = avx512 && role == OpenblasRole::Forced && !backend_lacks_avx512();
+  return openblas_core_note(role, openblas_get_corename(), avx2, wide ? "SkylakeX" : "Haswell");
 #else
-  return openblas_core_note(OpenblasRole::Only, openblas_get_corename(), avx2, avx512);
+  return openblas_core_note(OpenblasRole::Only, openblas_get_corename(), avx2, avx512 ? "SkylakeX" : "Haswell");
 #endif
+#else
+  return "";
+#endif
+}
+
+std::string openblas_core_name() {
+#if !KEEL_GEMM_DNNL || KEEL_GEMM_OPENBLAS_BESIDE
+  return openblas_get_corename();
 #else
   return "";
 #endif

@@ -79,13 +79,17 @@ bool gemm_openblas_beside_backend();
 // or wider. An OpenBLAS older than the CPU takes it for an old one ("Prescott", SSE3; OpenBLAS
 // 0.3.21 on a 2023 Intel Xeon), and its products then run at a fraction of the CPU's rate.
 bool openblas_core_has_avx2(std::string_view core);
-// What OpenBLAS does in this build: nothing, products beside oneDNN (AVX2 code), or every product.
-enum class OpenblasRole { None, Beside, Only };
+// What OpenBLAS is given here: nothing; the products Auto hands it beside oneDNN (AVX2 code);
+// every fp32 product, forced by KEEL_GEMM=openblas beside oneDNN; every product (a build on
+// OpenBLAS alone).
+enum class OpenblasRole { None, Beside, Forced, Only };
 // A line for the start of a run where OpenBLAS has a role here but runs kernels without AVX2 on
-// a CPU that has AVX2 (it does not know the CPU), naming the OPENBLAS_CORETYPE that gives it the
-// CPU's own kernels (OpenBLAS reads it before main, so keel cannot set it); empty otherwise.
-std::string openblas_core_note(OpenblasRole role, std::string_view core, bool cpu_avx2, bool cpu_avx512);
+// a CPU that has AVX2 (it does not know the CPU), naming `coretype`, the OPENBLAS_CORETYPE that
+// gives it kernels for the code keel runs (OpenBLAS reads it before main, so keel cannot set
+// it); empty otherwise. `core`: openblas_get_corename().
+std::string openblas_core_note(OpenblasRole role, std::string_view core, bool cpu_avx2, std::string_view coretype);
 std::string openblas_core_note();  // this build, this CPU, the kernels OpenBLAS picked
+std::string openblas_core_name();  // openblas_get_corename(), or "" in a build without OpenBLAS
 bool gemm_below_avx512();
 
 // A panel of a TN product (a weight gradient that is neither cut along k nor swapped) run as an
