@@ -156,7 +156,8 @@ std::string openblas_core_note(OpenblasRole role, std::string_view core, bool cp
     default: what = "every product runs at a fraction of this CPU's rate"; break;
   }
   return "OpenBLAS picked its " + std::string(core) + " kernels, without AVX2 (it does not know this CPU), so " +
-         what + "; OPENBLAS_CORETYPE=" + std::string(coretype) + " in the environment gives it this CPU's (docs/blas.md)";
+         what + "; OPENBLAS_CORETYPE=" + std::string(coretype) + " in the environment gives it " + std::string(coretype) +
+         "'s (docs/blas.md)";
 }
 
 std::string openblas_core_note() {
