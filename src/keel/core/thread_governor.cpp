@@ -1,7 +1,5 @@
 #include "keel/core/thread_governor.hpp"
 
-#include "keel/core/env_settings.hpp"
-
 #include <omp.h>
 #include <unistd.h>
 
@@ -12,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+
+#include "keel/core/env_settings.hpp"
 
 namespace keel {
 
