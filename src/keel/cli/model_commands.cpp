@@ -323,15 +323,7 @@ void register_bench(CLI::App& app) {
     model.set_precision(*kernels::parse_precision(o->precision));
     model.set_recompute(*nn::parse_recompute(o->recompute));
     model.set_bf16_activations(*nn::parse_bf16_activations(o->bf16_activations));
-    if (const std::string blas = kernels::openblas_core_note(); !blas.empty())
-      std::fprintf(stderr, "keel: note: %s\n", blas.c_str());
-    if (o->precision == "bf16" && !kernels::bf16_emulation_note().empty()) {
-      std::fprintf(stderr, "keel: note: %s\n", kernels::bf16_emulation_note().c_str());
-    }
-    if (o->precision == "bf16") {
-      const std::string note = nn::bf16_activations_note(model.bf16_activations(), model.recompute());
-      if (!note.empty()) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
-    }
+    for (const std::string& note : nn::run_start_notes(model)) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
     model.initialize(1);
     auto& store = model.parameters();
     const bool use_muon = o->optimizer == "muon";

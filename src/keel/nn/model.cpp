@@ -10,6 +10,7 @@
 #include "keel/core/parallel_fill.hpp"
 #include "keel/kernels/cross_entropy.hpp"
 #include "keel/kernels/embedding.hpp"
+#include "keel/kernels/gemm.hpp"
 
 namespace keel::nn {
 
@@ -545,6 +546,16 @@ void TransformerModel::forward_incremental(const int32_t* tokens, int64_t n, Dec
   if (final_norm_) last = final_norm_->forward_incremental(store_, arena, last, 1);
   kernels::lm_head_logits(last, lm_head_weight(), logits, 1, h, spec_.vocab_size,
                           static_cast<float>(spec_.final_softcap));
+}
+
+std::vector<std::string> run_start_notes(const TransformerModel& model) {
+  std::vector<std::string> notes = {kernels::openblas_core_note()};
+  if (model.precision() == kernels::Precision::Bf16) {
+    notes.push_back(kernels::bf16_emulation_note());
+    notes.push_back(bf16_activations_note(model.bf16_activations(), model.recompute()));
+  }
+  std::erase_if(notes, [](const std::string& n) { return n.empty(); });
+  return notes;
 }
 
 }  // namespace keel::nn

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -180,5 +181,10 @@ class TransformerModel {
   float* residual_buffers_[2] = {nullptr, nullptr};
   PackedActivations packed_;
 };
+
+// What a run on `model` is told at its start about this machine and its settings, one line each
+// (OpenBLAS on kernels older than the CPU, bf16 products emulated, bf16 storage other than asked);
+// the lines that apply, in that order.
+std::vector<std::string> run_start_notes(const TransformerModel& model);
 
 }  // namespace keel::nn

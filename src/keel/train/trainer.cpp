@@ -15,7 +15,6 @@
 #include "keel/data/shards.hpp"
 #include "keel/dist/communicator.hpp"
 #include "keel/io/model_dir.hpp"
-#include "keel/kernels/gemm.hpp"
 #include "keel/io/run_lock.hpp"
 #include "keel/nn/model.hpp"
 #include "keel/train/checkpoint.hpp"
@@ -54,16 +53,8 @@ std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, co
   model->set_recompute(c.recompute);
   model->set_bf16_activations(*nn::parse_bf16_activations(c.bf16_activations));
   const dist::Communicator* comm = dist::current();
-  if (comm == nullptr || comm->is_root()) {
-    const std::string blas = kernels::openblas_core_note();
-    if (!blas.empty()) std::fprintf(stderr, "keel: note: %s\n", blas.c_str());
-  }
-  if (c.precision == kernels::Precision::Bf16 && (comm == nullptr || comm->is_root())) {
-    const std::string note = kernels::bf16_emulation_note();
-    if (!note.empty()) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
-    const std::string storage = nn::bf16_activations_note(model->bf16_activations(), c.recompute);
-    if (!storage.empty()) std::fprintf(stderr, "keel: note: %s\n", storage.c_str());
-  }
+  if (comm == nullptr || comm->is_root())
+    for (const std::string& note : nn::run_start_notes(*model)) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
   model->initialize(c.seed);
   // A resumed run's weights come from its checkpoint; the folder it started from may be gone.
   if (!resuming && !c.init_from.empty()) io::load_weights(io::HfWeights::open_dir(c.init_from), *model);
