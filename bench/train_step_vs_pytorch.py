@@ -383,14 +383,32 @@ def choose_peer(args, config, batch, seq, optimizer, precision):
     return best, {"/".join(c): round(median(v), 1) for c, v in seen.items()}
 
 
+def gemm_ceilings(ks, peer_ms):
+    """keel's GEMMs against the FMA peak of the width they run at and against keel's gemm on a
+    2,048^3 product (measured by the first run), and the ratio to the peer keel's step would reach
+    with every product at each rate, the rest of its step as measured (medians over the runs)."""
+    k_ms = median([k["ms_per_step"] for k in ks])
+    gemm_ms = median([k["stages_ms"]["gemm"] for k in ks])
+    gflop = ks[0]["gemm_gflop_per_step"]
+    out = {"gemm_gflops_per_s": round(gflop / gemm_ms * 1e3, 1), "fma_peak_vector_bits": ks[0]["fma_peak_vector_bits"],
+           "fma_peak_threads": ks[0]["fma_peak_threads"]}
+    for name, rate in (("fma_peak", ks[0]["fma_peak_gflops_per_s"]), ("square_gemm", ks[0]["square_gemm_gflops_per_s"])):
+        if rate:
+            at = k_ms - gemm_ms + gflop / rate * 1e3
+            out.update({f"{name}_gflops_per_s": round(rate, 1), f"gemm_of_{name}": round(gflop / gemm_ms * 1e3 / rate, 3),
+                        f"ms_per_step_at_{name}": round(at, 1), f"speed_ratio_at_{name}": round(peer_ms / at, 3)})
+    return out
+
+
 def race(args, case):
     config, batch, seq, optimizer, *rest = CASES[case]
     precision = rest[0] if rest else "fp32"
     (peer, blas, alloc), searched = choose_peer(args, config, batch, seq, optimizer, precision)
     ks, ts, k32s = [], [], []
-    for _ in range(args.repeat):
+    for i in range(args.repeat):
+        # The first keel run also measures the GEMMs' ceilings (after its steps; `keel bench --peak`).
         ks.append(run_keel(args.keel, config, batch, seq, args.steps, args.warmup, args.threads, optimizer,
-                           precision))
+                           precision, extra=("--peak",) if i == 0 else ()))
         ts.append(run_torch(config, batch, seq, args.steps, args.warmup, args.threads, optimizer, precision,
                             peer, blas, alloc))
         if precision == "bf16":
@@ -425,6 +443,8 @@ def race(args, case):
                            "ms_per_step": round(median([h["ms_per_step"] for h in runs]), 2),
                            "gflops_per_s": round(median([h["gflops_per_s"] for h in runs]), 1)})
         row["keel_gemm_shapes"] = sorted(shapes, key=lambda g: -g["ms_per_step"])
+    if "stages_ms" in ks[0] and "square_gemm_gflops_per_s" in ks[0]:
+        row["keel_gemm_ceilings"] = gemm_ceilings(ks, batch * seq / t_tps * 1e3)
     if optimizer == "muon":
         row.update(keel_ns_share=round(median([k["ns_share"] for k in ks]), 4),
                    torch_ns_share=round(median([t["ns_share"] for t in ts]), 4),
@@ -460,6 +480,18 @@ def print_row(row):
     if "keel_stages_ms" in row:
         print(f"{'':6s} keel stages (ms/step): " +
               ", ".join(f"{k} {v:.1f}" for k, v in row["keel_stages_ms"].items()), flush=True)
+    if "keel_gemm_ceilings" in row:
+        c = row["keel_gemm_ceilings"]
+        line = f"keel GEMMs at {c['gemm_gflops_per_s']:.0f} GFLOP/s"
+        if "fma_peak_gflops_per_s" in c:
+            line += (f", {100 * c['gemm_of_fma_peak']:.0f}% of the FMA peak ({c['fma_peak_gflops_per_s']:.0f} GFLOP/s, "
+                     f"{c['fma_peak_vector_bits']}-bit, {c['fma_peak_threads']} threads)")
+        line += (f", {100 * c['gemm_of_square_gemm']:.0f}% of keel's gemm at 2048^3 ({c['square_gemm_gflops_per_s']:.0f}); "
+                 "with every product at ")
+        if "fma_peak_gflops_per_s" in c:
+            line += f"the FMA peak keel would be {c['speed_ratio_at_fma_peak']:.2f}x this peer, at "
+        line += f"the 2048^3 rate {c['speed_ratio_at_square_gemm']:.2f}x"
+        print(f"{'':6s} {line}", flush=True)
     if row.get("keel_gemm_shapes"):
         print(f"{'':6s} keel GEMMs by shape, most time first (form m x n x k, calls/step: ms/step at GFLOP/s): " +
               "; ".join(f"{g['form']}{' bf16' if g['bf16'] else ''} {g['m']}x{g['n']}x{g['k']}, "

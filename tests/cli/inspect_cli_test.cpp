@@ -42,6 +42,14 @@ TEST(InspectCli, UnknownEnvironmentSettingIsOneLineAndExit2) {
   auto good = run_keel("inspect --json " + config, "KEEL_GEMM=packed KEEL_THREADS=fixed KEEL_DENORMALS=flush");
   EXPECT_EQ(good.status, 0) << good.err;
   EXPECT_TRUE(good.err.empty()) << good.err;
+  // Help and the version run no command, so they answer under a bad setting too.
+  for (const char* ask : {"--help", "bench --help", "train -h", "--version"}) {
+    auto help = run_keel(ask, "KEEL_GEMM=packd");
+    EXPECT_EQ(help.status, 0) << ask << ": " << help.err;
+    EXPECT_TRUE(help.err.empty()) << ask << ": " << help.err;
+    EXPECT_NE(help.out.find(std::string(ask) == "--version" ? "keel 0.1.0" : "Usage:"), std::string::npos)
+        << ask << ": " << help.out;
+  }
 }
 
 TEST(InspectCli, FolderAndOverrides) {

@@ -162,6 +162,48 @@ TEST_F(ModelCli, BenchNamesTheGemmIsaUnderACap) {
   EXPECT_FALSE(j["kernels"]["bf16_gemm_native"].get<bool>());
 }
 
+// --peak states the step's GEMMs against the FMA peak of the width they run at and against keel's
+// gemm on a 2,048^3 product, with the step each rate would give (the rest as measured).
+TEST_F(ModelCli, BenchPeakStatesTheGemmsAgainstTheirCeilings) {
+  const std::string bench = "bench --config " + source_path("configs/tiny/qwen3.json") + " --batch 2 --seq 32 --steps 1 --peak";
+  auto r = run_keel(bench + " --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const double ms = j["ms_per_step"].get<double>(), gemm_ms = j["stages_ms"]["gemm"].get<double>();
+  const double gflop = j["gemm_gflop_per_step"].get<double>();
+  ASSERT_GT(gemm_ms, 0.0);
+  const double achieved = gflop / gemm_ms * 1e3;
+  EXPECT_EQ(j["fma_peak_vector_bits"].get<int>(), kernels::gemm_fma_bits());
+  EXPECT_GE(j["fma_peak_threads"].get<int>(), 1);
+  EXPECT_EQ(j["square_gemm_size"].get<int>(), 2048);
+  struct Ceiling {
+    const char *rate, *share, *step;
+  };
+  for (const Ceiling c : {Ceiling{"fma_peak_gflops_per_s", "gemm_of_fma_peak", "ms_per_step_gemm_at_fma_peak"},
+                          Ceiling{"square_gemm_gflops_per_s", "gemm_of_square_gemm", "ms_per_step_gemm_at_square_gemm"}}) {
+    if (j[c.rate].is_null()) {  // no FMA peak where the products run no AVX2 code
+      EXPECT_EQ(kernels::gemm_fma_bits(), 0) << c.rate;
+      EXPECT_TRUE(j[c.share].is_null() && j[c.step].is_null()) << c.rate;
+      continue;
+    }
+    const double rate = j[c.rate].get<double>();
+    ASSERT_GT(rate, 0.0) << c.rate;
+    EXPECT_NEAR(j[c.share].get<double>(), achieved / rate, 1e-9 * achieved / rate) << c.share;
+    EXPECT_NEAR(j[c.step].get<double>(), ms - gemm_ms + gflop / rate * 1e3, 1e-9 * ms) << c.step;
+  }
+  // A tiny model's products run far below the FMA peak: with them at it, the step is shorter.
+  if (!j["fma_peak_gflops_per_s"].is_null()) {
+    EXPECT_LT(j["ms_per_step_gemm_at_fma_peak"].get<double>(), ms);
+  }
+  // The same in words, the stages most time first.
+  auto t = run_keel(bench);
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("where a step goes (ms): "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("GEMMs: "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("of keel's gemm on a 2048^3 product"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("with every product at "), std::string::npos) << t.out;
+}
+
 // --precision bf16 on eval, grad and bench (docs/precision.md): close to fp32, not identical.
 TEST_F(ModelCli, PrecisionFlag) {
   init("llama.json", "m");

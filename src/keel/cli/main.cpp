@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -11,6 +12,20 @@
 #include "keel/core/env_settings.hpp"
 #include "keel/core/error.hpp"
 #include "keel/dist/communicator.hpp"
+
+namespace {
+
+// `keel --help`, `keel train --help` and `keel --version` run no command: they answer whatever the
+// KEEL_* settings say (a bad value stops the command itself, once help has shown how to run it).
+bool asks_for_help_or_version(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "-h" || arg == "--help" || arg == "--help-all" || arg == "--version") return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -22,7 +37,8 @@ int main(int argc, char** argv) {
   keel::cli::set_command_line(argc, argv);
   // A KEEL_* setting with a value keel does not take would otherwise run as its default. Checked
   // before MPI starts: under a bare `mpirun -np N keel ...` every rank stops and rank 0 says why.
-  if (const std::string env_error = keel::env_settings_error(); !env_error.empty()) {
+  if (const std::string env_error = keel::env_settings_error();
+      !env_error.empty() && !asks_for_help_or_version(argc, argv)) {
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (rank == nullptr) rank = std::getenv("PMIX_RANK");
     if (rank == nullptr || std::string(rank) == "0") std::fprintf(stderr, "keel: error: %s\n", env_error.c_str());

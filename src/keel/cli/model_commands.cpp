@@ -2,17 +2,21 @@
 // `keel init`, `keel eval`, `keel grad`, `keel train` (minimal loop) and `keel bench`.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "keel/core/cpu_info.hpp"
 #include "keel/core/stage_timer.hpp"
 #include "keel/kernels/block_gemm.hpp"
+#include "keel/kernels/fma_peak.hpp"
 #include "keel/kernels/gemm.hpp"
 #include "keel/core/thread_governor.hpp"
 #include "keel/arch/config_file.hpp"
@@ -288,13 +292,79 @@ void register_train(CLI::App& app) {
   });
 }
 
+// `keel bench --peak`: the step's GEMMs against this CPU's fp32 FMA peak, at the width the
+// products run, and against keel's own gemm on a large square product, with the step each rate
+// would give (the rest of the step as measured). docs/performance.md, "How it is measured".
+struct GemmCeilings {
+  int bits = 0, threads = 1;
+  double fma_gflops = 0, square_gflops = 0;  // the FMA peak (0 where none was measured); keel's gemm at 2,048^3
+  double gemm_ms = 0, gemm_gflop = 0, step_ms = 0;  // per step, as measured
+  double achieved_gflops() const { return gemm_ms > 0 ? gemm_gflop / gemm_ms * 1e3 : 0.0; }
+  // The step with every product at `gflops`, all else as measured.
+  double step_ms_at(double gflops) const { return gflops > 0 ? step_ms - gemm_ms + gemm_gflop / gflops * 1e3 : 0.0; }
+};
+
+constexpr int64_t kSquareGemm = 2048;
+
+GemmCeilings measure_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, double step_ms, int threads) {
+  GemmCeilings c;
+  c.threads = std::max(threads, 1);
+  c.bits = kernels::gemm_fma_bits();
+  c.fma_gflops = c.bits > 0 ? kernels::measure_fma_peak(c.bits, c.threads, 0.2) : 0.0;
+  c.square_gflops = kernels::measure_gemm_rate(kSquareGemm, 3);
+  c.gemm_ms = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)] * 1e3 / static_cast<double>(steps);
+  c.gemm_gflop = stages.gemm_flops / static_cast<double>(steps) / 1e9;
+  c.step_ms = step_ms;
+  return c;
+}
+
+void add_gemm_ceilings(json& out, const GemmCeilings& c) {
+  auto share = [&](double ceiling) { return ceiling > 0 ? json(c.achieved_gflops() / ceiling) : json(nullptr); };
+  auto step = [&](double ceiling) { return ceiling > 0 ? json(c.step_ms_at(ceiling)) : json(nullptr); };
+  out["fma_peak_gflops_per_s"] = c.fma_gflops > 0 ? json(c.fma_gflops) : json(nullptr);
+  out["fma_peak_vector_bits"] = c.bits;
+  out["fma_peak_threads"] = c.threads;
+  out["gemm_of_fma_peak"] = share(c.fma_gflops);
+  out["ms_per_step_gemm_at_fma_peak"] = step(c.fma_gflops);
+  out["square_gemm_gflops_per_s"] = c.square_gflops;
+  out["square_gemm_size"] = kSquareGemm;
+  out["gemm_of_square_gemm"] = share(c.square_gflops);
+  out["ms_per_step_gemm_at_square_gemm"] = step(c.square_gflops);
+}
+
+void print_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, double step_ms, const GemmCeilings& c) {
+  std::vector<std::pair<double, std::string_view>> parts;
+  for (int i = 0; i < stage_timer::kStages; ++i) {
+    const double ms = stages.seconds[static_cast<size_t>(i)] * 1e3 / static_cast<double>(steps);
+    if (ms > 0) parts.emplace_back(ms, stage_timer::stage_name(static_cast<stage_timer::Stage>(i)));
+  }
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::printf("where a step goes (ms):");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::printf("%s %s %.1f (%.1f%%)", i ? "," : "", std::string(parts[i].second).c_str(), parts[i].first,
+                100.0 * parts[i].first / step_ms);
+  }
+  std::printf("\nGEMMs: %.1f GFLOP a step at %.1f GFLOP/s", c.gemm_gflop, c.achieved_gflops());
+  if (c.fma_gflops > 0) {
+    std::printf(", %.0f%% of this CPU's fp32 FMA peak (%.1f GFLOP/s on %d-bit FMAs, %d thread%s)",
+                100.0 * c.achieved_gflops() / c.fma_gflops, c.fma_gflops, c.bits, c.threads, c.threads == 1 ? "" : "s");
+  }
+  std::printf(" and %.0f%% of keel's gemm on a %lld^3 product (%.1f GFLOP/s)\n",
+              100.0 * c.achieved_gflops() / c.square_gflops, static_cast<long long>(kSquareGemm), c.square_gflops);
+  std::printf("with every product at ");
+  if (c.fma_gflops > 0) std::printf("the FMA peak a step would take %.1f ms (%.2fx), at ", c.step_ms_at(c.fma_gflops),
+                                    step_ms / c.step_ms_at(c.fma_gflops));
+  std::printf("the %lld^3 product's rate %.1f ms (%.2fx)\n", static_cast<long long>(kSquareGemm),
+              c.step_ms_at(c.square_gflops), step_ms / c.step_ms_at(c.square_gflops));
+}
+
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW or Muon) on random tokens");
   struct Options {
     std::string config, optimizer = "adamw", precision = "fp32", recompute = "none", bf16_activations = "packed";
     std::vector<std::string> sets;
     int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
-    bool json = false;
+    bool json = false, peak = false;
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--config", o->config, "HF config.json")->required();
@@ -314,6 +384,10 @@ void register_bench(CLI::App& app) {
                   "too, lossy; run.bf16_activations)")
       ->check(CLI::IsMember({"packed", "fp32", "all"}));
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
+  cmd->add_flag("--peak", o->peak,
+                "after the steps, measure this CPU's fp32 FMA peak (at the width the products run) and keel's gemm on "
+                "a 2,048^3 product, and state the step's GEMMs against both: where the time goes, and the step with "
+                "every product at each rate (about 2 s more)");
   cmd->callback([o] {
     arch::ModelSpec spec = arch::load_model_spec(o->config, o->sets);
     if (o->seq > spec.max_position_embeddings) {
@@ -358,7 +432,7 @@ void register_bench(CLI::App& app) {
     for (int64_t i = 0; i < o->warmup; ++i) step();
     ns_seconds = 0;
     teams.clear();
-    stage_timer::enable(o->json);
+    stage_timer::enable(o->json || o->peak);
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o->steps; ++i) step();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
@@ -367,8 +441,11 @@ void register_bench(CLI::App& app) {
     stage_timer::enable(false);
     double tps = static_cast<double>(n) / (ms / 1000.0);
     const double ns_ms = ns_seconds * 1000.0 / static_cast<double>(o->steps);
+    const double peak_rss = peak_rss_mb();  // the steps', before --peak's buffers
+    GemmCeilings ceilings;
+    if (o->peak) ceilings = measure_gemm_ceilings(stages, o->steps, ms, teams.empty() ? 1 : teams.back());
     if (o->json) {
-      json out{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss_mb()}, {"optimizer", o->optimizer},
+      json out{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss}, {"optimizer", o->optimizer},
                 {"precision", o->precision}};
       if (use_muon) {
         out["ns_ms_per_step"] = ns_ms;
@@ -425,11 +502,13 @@ void register_bench(CLI::App& app) {
                         {"bf16_gemm_native", kernels::bf16_gemm_native_available()},
                         {"bf16_gemm_path",
                          kernels::bf16_gemm_path() == kernels::Bf16GemmPath::Native ? "native" : "portable"}};
+      if (o->peak) add_gemm_ceilings(out, ceilings);
       std::printf("%s\n", out.dump().c_str());
     } else {
-      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB (%s)", ms, tps, peak_rss_mb(), cpu_description().c_str());
+      std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB (%s)", ms, tps, peak_rss, cpu_description().c_str());
       if (use_muon) std::printf(", Newton-Schulz %.2f ms/step (%.1f%% of the step)", ns_ms, 100.0 * ns_ms / ms);
       std::printf("\n");
+      if (o->peak) print_gemm_ceilings(stages, o->steps, ms, ceilings);
     }
   });
 }

@@ -194,6 +194,10 @@ Bf16GemmPath choose_bf16_gemm_path(Bf16GemmChoice choice, const Bf16CpuTraits& c
 // less where ONEDNN_MAX_CPU_ISA caps it; with OpenBLAS taking products beside it, its kernels too
 // ("oneDNN avx2 + OpenBLAS Haswell"). Benchmarks print it beside the CPU's own flags.
 std::string gemm_backend_isa();
+// The width of the FMAs the fp32 products run here: 512 where oneDNN may use AVX-512 or the
+// build's microkernel is AVX-512 on a CPU with it, 256 where they run AVX2 + FMA code, 0 where
+// neither (the portable build). The FMA peak a step's GEMMs are measured against is this width's.
+int gemm_fma_bits();
 // The path gemm_bf16 takes now: choose_bf16_gemm_path(the current choice, this CPU).
 Bf16GemmPath bf16_gemm_path();
 void force_bf16_gemm_path(Bf16GemmChoice choice);
