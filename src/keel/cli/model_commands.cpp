@@ -311,7 +311,7 @@ GemmCeilings measure_gemm_ceilings(const stage_timer::Totals& stages, int64_t st
   c.threads = std::max(threads, 1);
   c.bits = kernels::gemm_fma_bits();
   c.fma_gflops = c.bits > 0 ? kernels::measure_fma_peak(c.bits, c.threads, 0.2) : 0.0;
-  c.square_gflops = kernels::measure_gemm_rate(kSquareGemm, 3);
+  c.square_gflops = kernels::measure_gemm_rate(kSquareGemm, 5);
   c.gemm_ms = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)] * 1e3 / static_cast<double>(steps);
   c.gemm_gflop = stages.gemm_flops / static_cast<double>(steps) / 1e9;
   c.step_ms = step_ms;
