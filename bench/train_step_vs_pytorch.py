@@ -14,7 +14,8 @@ The PyTorch side is the fastest PyTorch on the machine for the same model and st
 a nanoGPT-style nn.Module with for-loop or foreach AdamW, a baddbmm-fused attention) is measured
 under both of Debian's OpenBLAS builds (OpenMP and pthread) and the fastest is raced; first, with
 --alloc auto, the allocator under PyTorch is chosen the same way (glibc as it comes, glibc told to
-keep freed memory, jemalloc told to keep it: see ALLOCATORS). The race
+keep freed memory, jemalloc told to keep it: see ALLOCATORS) on the first candidate, and once more
+under the fastest model, whose allocator it then races. The race
 is interleaved and repeated (keel, peer, keel, peer, ...): each pair gives a ratio, and the
 median ratio and its spread (min..max over pairs) are reported, with the CPU model and ISA. Every
 run is its own process, so each peak RSS is its own.
@@ -363,8 +364,10 @@ def peer_candidates(config, optimizer, precision, peer, blas):
 
 def choose_peer(args, config, batch, seq, optimizer, precision):
     """The allocator first, on the first (peer, BLAS) candidate, then every (peer, BLAS) candidate
-    under it: each --search-repeat times, interleaved; the fastest by median tokens/s. Returns
-    (peer, blas, alloc) and the tokens/s seen, by "peer/blas/alloc"."""
+    under it, then the allocators again under the fastest of those (an allocator can suit one
+    model and not another, and two allocators within a few percent of each other on the first
+    candidate are a coin toss): each --search-repeat times, interleaved; the fastest by median
+    tokens/s. Returns (peer, blas, alloc) and the tokens/s seen, by "peer/blas/alloc"."""
     cands = peer_candidates(config, optimizer, precision, args.peer, args.blas)
     allocs = allocators_here() if args.alloc == "auto" else [args.alloc]
     seen = {}
@@ -380,6 +383,8 @@ def choose_peer(args, config, batch, seq, optimizer, precision):
 
     alloc = search([(*cands[0], a) for a in allocs])[2]
     best = search([(*c, alloc) for c in cands])
+    if len(cands) > 1:
+        best = search([(*best[:2], a) for a in allocs])
     return best, {"/".join(c): round(median(v), 1) for c, v in seen.items()}
 
 
