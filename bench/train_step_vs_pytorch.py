@@ -383,7 +383,7 @@ def choose_peer(args, config, batch, seq, optimizer, precision):
 
     alloc = search([(*cands[0], a) for a in allocs])[2]
     best = search([(*c, alloc) for c in cands])
-    if len(cands) > 1:
+    if best[:2] != cands[0]:  # the first pass already tried every allocator under cands[0]
         best = search([(*best[:2], a) for a in allocs])
     return best, {"/".join(c): round(median(v), 1) for c, v in seen.items()}
 
@@ -395,13 +395,16 @@ def gemm_ceilings(ks, peer_ms):
     k_ms = median([k["ms_per_step"] for k in ks])
     gemm_ms = median([k["stages_ms"]["gemm"] for k in ks])
     gflop = ks[0]["gemm_gflop_per_step"]
-    out = {"gemm_gflops_per_s": round(gflop / gemm_ms * 1e3, 1), "fma_peak_vector_bits": ks[0]["fma_peak_vector_bits"],
+    out = {"gemm_on_bf16_units": ks[0]["gemm_on_bf16_units"], "fma_peak_vector_bits": ks[0]["fma_peak_vector_bits"],
            "fma_peak_threads": ks[0]["fma_peak_threads"]}
+    if gemm_ms <= 0:
+        return out
+    out["gemm_gflops_per_s"] = round(gflop / gemm_ms * 1e3, 1)
     for name, rate in (("fma_peak", ks[0]["fma_peak_gflops_per_s"]), ("square_gemm", ks[0]["square_gemm_gflops_per_s"])):
-        if rate:
+        if rate:  # None where keel measured no such ceiling
             at = k_ms - gemm_ms + gflop / rate * 1e3
             out.update({f"{name}_gflops_per_s": round(rate, 1), f"gemm_of_{name}": round(gflop / gemm_ms * 1e3 / rate, 3),
-                        f"ms_per_step_at_{name}": round(at, 1), f"speed_ratio_at_{name}": round(peer_ms / at, 3)})
+                        f"ms_per_step_gemm_at_{name}": round(at, 1), f"speed_ratio_at_{name}": round(peer_ms / at, 3)})
     return out
 
 
@@ -485,17 +488,22 @@ def print_row(row):
     if "keel_stages_ms" in row:
         print(f"{'':6s} keel stages (ms/step): " +
               ", ".join(f"{k} {v:.1f}" for k, v in row["keel_stages_ms"].items()), flush=True)
-    if "keel_gemm_ceilings" in row:
+    if "gemm_gflops_per_s" in row.get("keel_gemm_ceilings", {}):
         c = row["keel_gemm_ceilings"]
+        parts, ats = [], []
+        if "fma_peak_gflops_per_s" in c:
+            parts.append(f"{100 * c['gemm_of_fma_peak']:.0f}% of the FMA peak ({c['fma_peak_gflops_per_s']:.0f} GFLOP/s, "
+                         f"{c['fma_peak_vector_bits']}-bit, {c['fma_peak_threads']} threads)")
+            ats.append(f"the FMA peak keel would be {c['speed_ratio_at_fma_peak']:.2f}x this peer")
+        if "square_gemm_gflops_per_s" in c:
+            parts.append(f"{100 * c['gemm_of_square_gemm']:.0f}% of keel's gemm at 2048^3 "
+                         f"({c['square_gemm_gflops_per_s']:.0f})")
+            ats.append(f"the 2048^3 rate {c['speed_ratio_at_square_gemm']:.2f}x")
         line = f"keel GEMMs at {c['gemm_gflops_per_s']:.0f} GFLOP/s"
-        if "fma_peak_gflops_per_s" in c:
-            line += (f", {100 * c['gemm_of_fma_peak']:.0f}% of the FMA peak ({c['fma_peak_gflops_per_s']:.0f} GFLOP/s, "
-                     f"{c['fma_peak_vector_bits']}-bit, {c['fma_peak_threads']} threads)")
-        line += (f", {100 * c['gemm_of_square_gemm']:.0f}% of keel's gemm at 2048^3 ({c['square_gemm_gflops_per_s']:.0f}); "
-                 "with every product at ")
-        if "fma_peak_gflops_per_s" in c:
-            line += f"the FMA peak keel would be {c['speed_ratio_at_fma_peak']:.2f}x this peer, at "
-        line += f"the 2048^3 rate {c['speed_ratio_at_square_gemm']:.2f}x"
+        if c["gemm_on_bf16_units"]:
+            line += " on bf16 dot-product units (no fp32 ceiling bounds them)"
+        if parts:
+            line += ", " + ", ".join(parts) + "; with every product at " + ", at ".join(ats)
         print(f"{'':6s} {line}", flush=True)
     if row.get("keel_gemm_shapes"):
         print(f"{'':6s} keel GEMMs by shape, most time first (form m x n x k, calls/step: ms/step at GFLOP/s): " +

@@ -174,8 +174,10 @@ TEST_F(ModelCli, BenchPeakStatesTheGemmsAgainstTheirCeilings) {
   ASSERT_GT(gemm_ms, 0.0);
   const double achieved = gflop / gemm_ms * 1e3;
   EXPECT_EQ(j["fma_peak_vector_bits"].get<int>(), kernels::gemm_fma_bits());
-  EXPECT_GE(j["fma_peak_threads"].get<int>(), 1);
+  EXPECT_TRUE(j["fma_peak_threads"].is_number_integer());
   EXPECT_EQ(j["square_gemm_size"].get<int>(), 2048);
+  EXPECT_FALSE(j["gemm_on_bf16_units"].get<bool>());
+  ASSERT_FALSE(j["square_gemm_gflops_per_s"].is_null());
   struct Ceiling {
     const char *rate, *share, *step;
   };
@@ -202,6 +204,19 @@ TEST_F(ModelCli, BenchPeakStatesTheGemmsAgainstTheirCeilings) {
   EXPECT_NE(t.out.find("GEMMs: "), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("of keel's gemm on a 2048^3 product"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("with every product at "), std::string::npos) << t.out;
+
+  // Products on bf16 dot-product units have no fp32 ceiling: none is measured, and it says so.
+  // Where oneDNN cannot run them, KEEL_BF16_GEMM=native is ignored and the fp32 kernels run.
+  auto b = run_keel(bench + " --json --precision bf16", "KEEL_BF16_GEMM=native");
+  ASSERT_EQ(b.status, 0) << b.err;
+  auto k = nlohmann::json::parse(b.out);
+  const bool units = k["kernels"]["bf16_gemm_path"].get<std::string>() == "native";
+  EXPECT_EQ(k["gemm_on_bf16_units"].get<bool>(), units);
+  for (const char* key : {"fma_peak_gflops_per_s", "square_gemm_gflops_per_s", "gemm_of_square_gemm",
+                          "ms_per_step_gemm_at_square_gemm"}) {
+    EXPECT_EQ(k[key].is_null(), units || (std::string(key) == "fma_peak_gflops_per_s" && kernels::gemm_fma_bits() == 0))
+        << key;
+  }
 }
 
 // --precision bf16 on eval, grad and bench (docs/precision.md): close to fp32, not identical.

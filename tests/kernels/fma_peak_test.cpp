@@ -15,17 +15,22 @@ namespace keel::kernels {
 namespace {
 
 bool cpu_has(int bits) {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   if (bits == 256) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (bits == 512) return __builtin_cpu_supports("avx512f");
+#else
+  (void)bits;
+#endif
   return false;
 }
 
-// The best of three measurements: a test process shares two cores with another, and a window in
-// which it was preempted reads low, never high.
+// The best of many short windows: a test process shares two cores with another, and a window in
+// which it was preempted reads low, never high. The windows are as short as the product's calls
+// below (a few milliseconds), so the two are as likely to run whole.
 double peak(int bits, int threads) {
   double best = 0;
-  for (int i = 0; i < 3; ++i) best = std::max(best, measure_fma_peak(bits, threads, 0.03));
+  for (int i = 0; i < 8; ++i) best = std::max(best, measure_fma_peak(bits, threads, 0.004));
   return best;
 }
 

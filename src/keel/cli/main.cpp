@@ -20,7 +20,8 @@ namespace {
 bool asks_for_help_or_version(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "-h" || arg == "--help" || arg == "--help-all" || arg == "--version") return true;
+    if (arg == "--") break;  // what follows is values, not flags
+    if (arg == "-h" || arg == "--help" || arg == "--version") return true;
   }
   return false;
 }

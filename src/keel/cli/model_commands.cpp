@@ -296,6 +296,7 @@ void register_train(CLI::App& app) {
 // products run, and against keel's own gemm on a large square product, with the step each rate
 // would give (the rest of the step as measured). docs/performance.md, "How it is measured".
 struct GemmCeilings {
+  bool bf16_units = false;  // the products ran on bf16 dot-product units: no fp32 ceiling bounds them
   int bits = 0, threads = 1;
   double fma_gflops = 0, square_gflops = 0;  // the FMA peak (0 where none was measured); keel's gemm at 2,048^3
   double gemm_ms = 0, gemm_gflop = 0, step_ms = 0;  // per step, as measured
@@ -306,12 +307,17 @@ struct GemmCeilings {
 
 constexpr int64_t kSquareGemm = 2048;
 
-GemmCeilings measure_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, double step_ms, int threads) {
+// `threads`: the last timed step's team (the thread governor may shrink it under load).
+GemmCeilings measure_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, double step_ms, int threads,
+                                   bool bf16_units) {
   GemmCeilings c;
+  c.bf16_units = bf16_units;
   c.threads = std::max(threads, 1);
   c.bits = kernels::gemm_fma_bits();
-  c.fma_gflops = c.bits > 0 ? kernels::measure_fma_peak(c.bits, c.threads, 0.2) : 0.0;
-  c.square_gflops = kernels::measure_gemm_rate(kSquareGemm, 5);
+  if (!bf16_units) {
+    c.fma_gflops = c.bits > 0 ? kernels::measure_fma_peak(c.bits, c.threads, 0.2) : 0.0;
+    c.square_gflops = kernels::measure_gemm_rate(kSquareGemm, 5);
+  }
   c.gemm_ms = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)] * 1e3 / static_cast<double>(steps);
   c.gemm_gflop = stages.gemm_flops / static_cast<double>(steps) / 1e9;
   c.step_ms = step_ms;
@@ -321,12 +327,13 @@ GemmCeilings measure_gemm_ceilings(const stage_timer::Totals& stages, int64_t st
 void add_gemm_ceilings(json& out, const GemmCeilings& c) {
   auto share = [&](double ceiling) { return ceiling > 0 ? json(c.achieved_gflops() / ceiling) : json(nullptr); };
   auto step = [&](double ceiling) { return ceiling > 0 ? json(c.step_ms_at(ceiling)) : json(nullptr); };
+  out["gemm_on_bf16_units"] = c.bf16_units;  // then no ceiling is measured, and every rate below is null
   out["fma_peak_gflops_per_s"] = c.fma_gflops > 0 ? json(c.fma_gflops) : json(nullptr);
   out["fma_peak_vector_bits"] = c.bits;
   out["fma_peak_threads"] = c.threads;
   out["gemm_of_fma_peak"] = share(c.fma_gflops);
   out["ms_per_step_gemm_at_fma_peak"] = step(c.fma_gflops);
-  out["square_gemm_gflops_per_s"] = c.square_gflops;
+  out["square_gemm_gflops_per_s"] = c.square_gflops > 0 ? json(c.square_gflops) : json(nullptr);
   out["square_gemm_size"] = kSquareGemm;
   out["gemm_of_square_gemm"] = share(c.square_gflops);
   out["ms_per_step_gemm_at_square_gemm"] = step(c.square_gflops);
@@ -345,6 +352,10 @@ void print_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, doubl
                 100.0 * parts[i].first / step_ms);
   }
   std::printf("\nGEMMs: %.1f GFLOP a step at %.1f GFLOP/s", c.gemm_gflop, c.achieved_gflops());
+  if (c.bf16_units) {
+    std::printf(" on bf16 dot-product units, which no fp32 ceiling bounds (none measured)\n");
+    return;
+  }
   if (c.fma_gflops > 0) {
     std::printf(", %.0f%% of this CPU's fp32 FMA peak (%.1f GFLOP/s on %d-bit FMAs, %d thread%s)",
                 100.0 * c.achieved_gflops() / c.fma_gflops, c.fma_gflops, c.bits, c.threads, c.threads == 1 ? "" : "s");
@@ -443,7 +454,10 @@ void register_bench(CLI::App& app) {
     const double ns_ms = ns_seconds * 1000.0 / static_cast<double>(o->steps);
     const double peak_rss = peak_rss_mb();  // the steps', before --peak's buffers
     GemmCeilings ceilings;
-    if (o->peak) ceilings = measure_gemm_ceilings(stages, o->steps, ms, teams.empty() ? 1 : teams.back());
+    if (o->peak) {
+      const bool bf16_units = o->precision == "bf16" && kernels::bf16_gemm_path() == kernels::Bf16GemmPath::Native;
+      ceilings = measure_gemm_ceilings(stages, o->steps, ms, teams.empty() ? 1 : teams.back(), bf16_units);
+    }
     if (o->json) {
       json out{{"ms_per_step", ms}, {"tokens_per_s", tps}, {"peak_rss_mb", peak_rss}, {"optimizer", o->optimizer},
                 {"precision", o->precision}};

@@ -757,14 +757,13 @@ int gemm_fma_bits() {
 #if defined(__x86_64__)
   const bool cpu_512 = __builtin_cpu_supports("avx512f");
   const bool cpu_256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const std::string_view microkernel = block_gemm_isa();
 #if KEEL_GEMM_DNNL
+  const std::string_view microkernel = block_gemm_isa();
   if (cpu_512 && (dnnl_allows(dnnl_cpu_isa_avx512_core) || microkernel == "avx512")) return 512;
   if (cpu_256 && (dnnl_allows(dnnl_cpu_isa_avx2) || microkernel != "gemm")) return 256;
   return 0;
 #else
   // OpenBLAS picks its kernels by the CPU (openblas_core_note says when it picks narrower ones).
-  (void)microkernel;
   return cpu_512 ? 512 : cpu_256 ? 256 : 0;
 #endif
 #else
