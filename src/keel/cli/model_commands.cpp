@@ -339,7 +339,8 @@ void add_gemm_ceilings(json& out, const GemmCeilings& c) {
   out["ms_per_step_gemm_at_square_gemm"] = step(c.square_gflops);
 }
 
-void print_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, double step_ms, const GemmCeilings& c) {
+void print_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, const GemmCeilings& c) {
+  const double step_ms = c.step_ms;
   std::vector<std::pair<double, std::string_view>> parts;
   for (int i = 0; i < stage_timer::kStages; ++i) {
     const double ms = stages.seconds[static_cast<size_t>(i)] * 1e3 / static_cast<double>(steps);
@@ -522,7 +523,7 @@ void register_bench(CLI::App& app) {
       std::printf("%.2f ms/step, %.0f tokens/s, peak RSS %.1f MB (%s)", ms, tps, peak_rss, cpu_description().c_str());
       if (use_muon) std::printf(", Newton-Schulz %.2f ms/step (%.1f%% of the step)", ns_ms, 100.0 * ns_ms / ms);
       std::printf("\n");
-      if (o->peak) print_gemm_ceilings(stages, o->steps, ms, ceilings);
+      if (o->peak) print_gemm_ceilings(stages, o->steps, ceilings);
     }
   });
 }
