@@ -378,21 +378,46 @@ INSTANTIATE_TEST_SUITE_P(
                     AllCase{"tests/fixtures/qwen3_gate/config.json", kThreeLayers, true},
                     AllCase{"tests/fixtures/qwen3_sinks/config.json", kThreeLayers, true}));
 
-// What "all" saves, counted by hand for qwen3_small at 2 x 128 tokens: each packed block's input
-// copy and its mid-block sum are packed (2 x hidden more fp32 values per token in
-// packed_fp32), the stretches keep their size (the input's bf16 copy takes what the sum's fp32
-// bytes gave up), and no block's fp32 output stays between the stretches: the arena is smaller
-// by one hidden-wide fp32 tensor per packed block, less the second residual buffer.
-TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenBlocksCountedByHand) {
+// What "all" saves, counted by hand for qwen3_small at 2 x 128 tokens. Every sublayer runs on a
+// copy of its input made inside its own stretch (the attentions of all four blocks and the MLPs
+// of the first three are packed): "all" rounds those copies (hidden more fp32 values per token
+// and packed stretch in packed_fp32), stores each in 2 bytes instead of 4, and the arena is
+// smaller by just that, since the peak (the last block's MLP phase) sits above every compacted
+// copy.
+TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenSublayersCountedByHand) {
   const std::string config = "bench/configs/qwen3_small.json";
   const TwoSteps packed = run(config, Bf16Activations::Packed, Recompute::None, 2, 128);
   const TwoSteps all = run(config, Bf16Activations::All, Recompute::None, 2, 128);
   const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config);
   const double hidden_bytes = 256.0 * double(s.hidden_size) * sizeof(float);  // one fp32 tensor
-  const double packed_blocks = double(s.num_layers - 1);
-  EXPECT_EQ(double(all.packed_fp32) - double(packed.packed_fp32), 2.0 * hidden_bytes * packed_blocks);
-  EXPECT_EQ(all.compacted, packed.compacted);
-  EXPECT_EQ(double(packed.arena) - double(all.arena), hidden_bytes * (packed_blocks - 1.0));
+  const double packed_stretches = double(2 * s.num_layers - 1);
+  EXPECT_EQ(double(all.packed_fp32) - double(packed.packed_fp32), hidden_bytes * packed_stretches);
+  EXPECT_EQ(double(packed.compacted) - double(all.compacted), hidden_bytes / 2 * packed_stretches);
+  EXPECT_EQ(double(packed.arena) - double(all.arena), hidden_bytes / 2 * packed_stretches);
+}
+
+// The peak of a packed step without recomputation, counted by hand (qwen3_small, 2 x 128
+// tokens, floats per token): the two residual buffers (2 x hidden) under every stretch, every
+// compacted sublayer (the step's own count), and above them the last block's MLP phase: its
+// stretch in fp32 (the input's copy, the normed input, up and gate; its output, dead, is where
+// the backward's temporaries start) and those temporaries (the norm's input gradient, the
+// recomputed activation h and dh; the bf16 operands the products share are not in the arena).
+// Per-row statistics and padding are the rest, under 1%. The block's attention phase is lower: its stretch expands over its own
+// compacted copy and the dead MLP. With both sublayers of the top block expanded at once, or
+// the temporaries above the furthest stretch as before, the peak is 15-25% higher.
+TEST(PackedActivations, PeakIsTheCompactedSublayersAndOneSublayerExpandedCountedByHand) {
+  const std::string config = "bench/configs/qwen3_small.json";
+  const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/" + config);
+  const double h = double(s.hidden_size), I = double(s.mlp.intermediate_size);
+  for (Bf16Activations storage : {Bf16Activations::Packed, Bf16Activations::All}) {
+    SCOPED_TRACE(std::string(bf16_activations_name(storage)));
+    const TwoSteps r = run(config, storage, Recompute::None, 2, 128);
+    const double mlp_stretch = 2 * h + 2 * I;
+    const double mlp_temporaries = h + 2 * I;
+    const double counted = double(r.compacted) + (2 * h + mlp_stretch + mlp_temporaries) * 256 * sizeof(float);
+    EXPECT_GE(double(r.arena), 0.99 * counted);
+    EXPECT_LE(double(r.arena), 1.01 * counted) << double(r.arena) / counted;
+  }
 }
 
 // What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
@@ -400,8 +425,8 @@ TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenBlocksCountedByHand) {
 // and v (2 x kv_heads x head_dim), the two normed sublayer inputs (2 x hidden) and gate and up
 // (2 x intermediate). q and k after QK-Norm/RoPE and the FFN's hidden activation are recomputed
 // by the backward, not kept.
-// Dropped: the block's output in the stretch (1 x hidden; the residual sums take the places of
-// the projections' outputs).
+// Dropped: each packed sublayer's output in its stretch (1 x hidden; the residual sums take the
+// places of the projections' outputs), copied out to a residual buffer.
 TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
   const TwoSteps r = run("bench/configs/qwen3_small.json", Bf16Activations::Packed, Recompute::None, 2, 128);
   const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/bench/configs/qwen3_small.json");
@@ -409,10 +434,13 @@ TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
   const double floats_per_token = 2.0 * double(s.attention.num_heads) * hd +
                                   2.0 * double(s.attention.num_kv_heads) * hd + 2.0 * double(s.hidden_size) +
                                   2.0 * double(s.mlp.intermediate_size);
-  // Every block but the last, whose backward comes first (it is never packed).
-  const double tokens_blocks = 256.0 * double(s.num_layers - 1);
-  EXPECT_EQ(double(r.packed_fp32), floats_per_token * tokens_blocks * sizeof(float));
-  EXPECT_EQ(double(r.dropped), 1.0 * double(s.hidden_size) * tokens_blocks * sizeof(float));
+  // Every sublayer but the last MLP, whose backward comes first (it is never packed): per token,
+  // the attention's q, k, v, its output and normed input in every block, and the MLP's normed
+  // input, gate and up in all but the last.
+  const double mlp_floats = double(s.hidden_size) + 2.0 * double(s.mlp.intermediate_size);
+  const double layers = double(s.num_layers);
+  EXPECT_EQ(double(r.packed_fp32), (floats_per_token * layers - mlp_floats) * 256.0 * sizeof(float));
+  EXPECT_EQ(double(r.dropped), double(s.hidden_size) * (2 * layers - 1) * 256.0 * sizeof(float));
   // Compacted and expanded stretches of megabytes, the next block laid over the freed space:
   const TwoSteps slots = run("bench/configs/qwen3_small.json", Bf16Activations::Fp32, Recompute::None, 2, 128);
   EXPECT_EQ(slots.ce, r.ce);

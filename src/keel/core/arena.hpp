@@ -3,6 +3,7 @@
 // state each get one). An Arena hands out views for activations during a step: the first step
 // grows it, reset() folds what was used into a single block, later steps reuse that block (or it
 // is one reserved stretch of address space from the start: reserve_address_space).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -99,6 +100,20 @@ class Arena {
     total_used_ += to - used_;
     used_ = to;
     high_water_ = std::max(high_water_, total_used_);
+  }
+  // Moves the position of the current block to p (rounded up to the alignment), back or
+  // forward, if p lies in that block, so that what is allocated next lands from there on; what
+  // was handed out above p must be dead by then. Returns false, changing nothing, otherwise.
+  bool move_to(const float* p) {
+    if (blocks_.empty()) return false;
+    const float* base = blocks_.back().data.get();
+    if (p < base || p > base + blocks_.back().size) return false;
+    constexpr size_t kLane = kAlignment / sizeof(float);
+    const size_t to = std::min(blocks_.back().size, (static_cast<size_t>(p - base) + kLane - 1) / kLane * kLane);
+    total_used_ = total_used_ - used_ + to;
+    used_ = to;
+    high_water_ = std::max(high_water_, total_used_);
+    return true;
   }
   float* alloc_zeroed(size_t count) {
     float* p = alloc(count);

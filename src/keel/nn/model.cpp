@@ -332,54 +332,59 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  if (packing_ && recompute_ == Recompute::None) {
+    // Each sublayer runs in a stretch of its own (packed_activations.hpp), on a copy of its
+    // input made at the stretch's start, and its output goes to the residual buffer its input is
+    // not in, outside every stretch: nothing fp32 of the residual stream stays between two
+    // stretches. The backward expands one sublayer at a time, the MLP's and then the attention's
+    // over it, with its temporaries right above the one expanded (backward_block): at its peak
+    // a block is one sublayer packed and one expanded, not both expanded. Every attention is
+    // packed, the last one's too, since its MLP's backward runs first; the last MLP is not, its
+    // backward being the first to run. Under bf16_activations = "all" each input copy is a
+    // residual tensor that packing rounds to bf16.
+    const bool round_residuals = bf16_activations_ == Bf16Activations::All;
+    auto sublayer = [&](size_t part, const float* in, float* dest, bool compact, auto&& f) {
+      const Arena::Mark mark = arena_.mark();
+      const float* out = nullptr;
+      {
+        kernels::Bf16Capture capture(packed_.capture(part), round_residuals);
+        float* input = arena_.alloc(size);
+        parallel_copy(input, in, size);
+        kernels::keep_residual_as_bf16(input, static_cast<int64_t>(size));
+        out = f(input);
+      }
+      parallel_copy(dest, out, size);
+      // The output is dead once copied: where it is the stretch's last tensor (the projection that
+      // the residual sum took over), the backward's temporaries may start at it.
+      const float* end = arena_.top();
+      expanded_end_[part] = end - out <= static_cast<ptrdiff_t>(size + kAlignment / sizeof(float)) && out < end ? out : end;
+      if (compact) {
+        // The stretch's copy of the output is read no more: the next sublayer reads dest.
+        packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+        packed_.pack(part, arena_, mark);
+      }
+      return dest;
+    };
+    float* other = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
+    float* x1 = sublayer(2 * l, x, other, true, [&](const float* in) {
+      return block.forward_attention(store_, arena_, in, s, max_logit);
+    });
+    return sublayer(2 * l + 1, x1, x, l + 1 < blocks_.size(),
+                    [&](const float* in) { return block.forward_mlp(store_, arena_, in, s); });
+  }
   // Runs part of the block in its own stretch of the arena, copies the part's output to a buffer
   // allocated before that stretch, then hands the stretch to `done`: given back (recomputation)
-  // or packed as bf16 (packed_activations.hpp).
-  // `kept`: where the output goes; by default a buffer allocated before the stretch.
-  auto keep_output = [&](auto&& part, auto&& done, float* kept = nullptr) -> float* {
-    if (kept == nullptr) kept = arena_.alloc(size);
+  // or packed as bf16 (recompute = attention packs the MLP's stretch).
+  auto keep_output = [&](auto&& part, auto&& done) -> float* {
+    float* kept = arena_.alloc(size);
     const Arena::Mark mark = arena_.mark();
     const float* out = part();
     parallel_copy(kept, out, size);
     done(mark, out);
     return kept;
   };
-  // residual_too: bf16_activations = "all" (its residual copies recorded for rounding too).
-  auto packed = [&](auto&& part, bool residual_too = false, float* kept = nullptr) {
-    return keep_output(
-        [&] {
-          kernels::Bf16Capture capture(packed_.capture(l), residual_too);
-          return part();
-        },
-        [&](const Arena::Mark& mark, const float* out) {
-          // The stretch's copy of the output is read no more: the next block reads `kept`.
-          packed_.unused(l)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
-          packed_.pack(l, arena_, mark);
-        },
-        kept);
-  };
   auto given_back = [&](const Arena::Mark& mark, const float*) { arena_.release(mark); };
-  // packing_ is only set for a training forward. The last block's backward comes first: packing
-  // it would only be undone at once, and its expanded stretch is part of the peak either way.
-  const bool pack = packing_ && l + 1 < blocks_.size();
-  if (pack && residual_buffers_[1] != nullptr) {
-    // bf16_activations = "all": the block runs on a copy of its input inside its own stretch,
-    // which packing rounds to bf16 with the residual sums, and its output goes to the residual
-    // buffer its input is not in, outside every stretch; nothing fp32 of the residual stream
-    // stays between two packed blocks.
-    float* dest = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
-    auto on_a_copy = [&] {
-      float* input = arena_.alloc(size);
-      parallel_copy(input, x, size);
-      kernels::keep_residual_as_bf16(input, static_cast<int64_t>(size));
-      return block.forward(store_, arena_, input, s, max_logit);
-    };
-    return packed(on_a_copy, /*residual_too=*/true, dest);
-  }
-  if (!for_backward || recompute_ == Recompute::None) {
-    auto whole = [&] { return block.forward(store_, arena_, x, s, max_logit); };
-    return pack ? packed(whole) : whole();
-  }
+  if (!for_backward || recompute_ == Recompute::None) return block.forward(store_, arena_, x, s, max_logit);
   // Recomputation keeps the block's input (already in the arena) and the part's output.
   block_inputs_[l] = x;
   if (recompute_ == Recompute::Blocks) {
@@ -387,7 +392,19 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   }
   float* x1 = keep_output([&] { return block.forward_attention(store_, arena_, x, s, max_logit); }, given_back);
   auto mlp = [&] { return block.forward_mlp(store_, arena_, x1, s); };
-  return pack ? packed(mlp) : mlp();
+  // The last block's MLP is not packed: its backward comes first.
+  if (!packing_ || l + 1 == blocks_.size()) return mlp();
+  const size_t part = 2 * l + 1;
+  return keep_output(
+      [&] {
+        kernels::Bf16Capture capture(packed_.capture(part));
+        return mlp();
+      },
+      [&](const Arena::Mark& mark, const float* out) {
+        // The stretch's copy of the output is read no more: the next block reads the kept copy.
+        packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+        packed_.pack(part, arena_, mark);
+      });
 }
 
 void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s) {
@@ -396,14 +413,29 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
   // The backward's own temporaries are given back after each block in every mode: only grad,
   // now the block's input gradient, travels on to the block below.
   const Arena::Mark mark = arena_.mark();
-  if (packing_) packed_.unpack(l);  // nothing was packed under Recompute::Blocks
   switch (recompute_) {
-    case Recompute::None: block.backward(store_, arena_, grad, s); break;
+    case Recompute::None:
+      if (packing_) {
+        // One sublayer expanded at a time (forward_block). Everything above the expanded stretch
+        // is dead (later blocks, the loss; grad is a residual buffer below every stretch), so the
+        // sublayer's temporaries go right above it. Where the arena was not one run of memory
+        // (a first step), nothing was compacted and the temporaries stay on top.
+        packed_.unpack(2 * l + 1);
+        arena_.move_to(expanded_end_[2 * l + 1]);
+        block.backward_mlp(store_, arena_, grad, s);
+        packed_.unpack(2 * l);
+        arena_.move_to(expanded_end_[2 * l]);
+        block.backward_attention(store_, arena_, grad, s);
+      } else {
+        block.backward(store_, arena_, grad, s);
+      }
+      break;
     case Recompute::Blocks:
       block.forward(store_, arena_, block_inputs_[l], s, max_logit);  // the same values again
       block.backward(store_, arena_, grad, s);
       break;
     case Recompute::Attention:
+      if (packing_) packed_.unpack(2 * l + 1);
       block.backward_mlp(store_, arena_, grad, s);
       block.forward_attention(store_, arena_, block_inputs_[l], s, max_logit);
       block.backward_attention(store_, arena_, grad, s);
@@ -422,12 +454,13 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
   block_inputs_.assign(blocks_.size(), nullptr);
   packing_ = for_backward && bf16_activations_ != Bf16Activations::Fp32 && precision_ == kernels::Precision::Bf16;
-  if (packing_) packed_.start(blocks_.size());
-  // The residual buffers of bf16_activations = "all" (forward_block): the embedding output, then
-  // the first block's output in a second buffer, the second's over the embeddings, and so on.
+  if (packing_) packed_.start(2 * blocks_.size());  // an attention and an MLP stretch a block
+  expanded_end_.assign(2 * blocks_.size(), nullptr);
+  // The residual buffers of a packed step without recomputation (forward_block): the embedding
+  // output, then the first attention's output in a second buffer, the first MLP's over the
+  // embeddings, and so on; below every stretch.
   residual_buffers_[0] = residual_buffers_[1] = nullptr;
-  if (packing_ && effective_bf16_activations(bf16_activations_, recompute_) == Bf16Activations::All &&
-      blocks_.size() > 1) {
+  if (packing_ && recompute_ == Recompute::None) {
     residual_buffers_[0] = x;
     residual_buffers_[1] = arena_.alloc(static_cast<size_t>(n * h));
   }
@@ -442,7 +475,9 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
       router_entropy_[l] = static_cast<float>(m->entropy());
     }
   }
-  if (packing_) packed_.reserve(arena_);  // the loss and the backward go above every stretch
+  // Under recompute = attention the loss and the backward go above every stretch; without
+  // recomputation each sublayer's backward places its temporaries itself (backward_block).
+  if (packing_ && recompute_ != Recompute::None) packed_.reserve(arena_);
   last_block_out_ = x;
   return final_norm_ ? final_norm_->forward(store_, arena_, x, n) : x;
 }
@@ -467,11 +502,21 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
   // its input gradient in place. With a final norm it is the norm's output hf, dead once the loss
   // has read it (a norm's backward reads its input), and dhf is given back after the norm's
   // backward: no hidden-wide buffer beyond hf under the blocks' backward.
+  // A packed step without recomputation carries it in the residual buffer that does not hold the
+  // last block's output, below every stretch: nothing above the stretch a block's backward
+  // expands is live then, and its temporaries go right above it (backward_block).
   float* dx = dhf;
+  float* below_stretches = residual_buffers_[0] == nullptr     ? nullptr
+                           : residual_buffers_[0] == last_block_out_ ? residual_buffers_[1]
+                                                                  : residual_buffers_[0];
   if (final_norm_) {
-    parallel_zero(hf, size);
-    final_norm_->backward(store_, dhf, hf, n);
-    dx = hf;
+    dx = below_stretches != nullptr ? below_stretches : hf;
+    parallel_zero(dx, size);
+    final_norm_->backward(store_, dhf, dx, n);
+    arena_.release(before_loss_gradient);
+  } else if (below_stretches != nullptr) {
+    parallel_copy(below_stretches, dhf, size);
+    dx = below_stretches;
     arena_.release(before_loss_gradient);
   }
   for (size_t l = blocks_.size(); l-- > 0;) {

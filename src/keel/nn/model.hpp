@@ -176,9 +176,12 @@ class TransformerModel {
   std::vector<float*> block_inputs_;  // of the last training forward, for recomputation
   Bf16Activations bf16_activations_ = Bf16Activations::Packed;
   bool packing_ = false;  // this training step packs (bf16 precision, activations not Fp32)
-  // bf16_activations = All under recompute none: the block outputs alternate between these two
-  // (the embedding output and one more buffer), outside every packed stretch.
+  // A packed step without recomputation: the sublayers' outputs alternate between these two (the
+  // embedding output and one more buffer), below every packed stretch.
   float* residual_buffers_[2] = {nullptr, nullptr};
+  // Where each sublayer's stretch (attention 2l, MLP 2l + 1) ended in fp32 in that step's
+  // forward: its backward's temporaries go from there.
+  std::vector<const float*> expanded_end_;
   PackedActivations packed_;
 };
 
