@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "gradient_check.hpp"
+#include "keel/core/bf16.hpp"
 #include "keel/kernels/gemm.hpp"
 #include "keel/kernels/precision.hpp"
 
@@ -166,6 +167,45 @@ TEST(LinearKernel, Bf16BackwardGivesTheBitsOfItsTwoProductsRunAlone) {
         ASSERT_EQ(dx, dx_ref);
         ASSERT_EQ(dw, dw_ref);
         EXPECT_EQ(shared_bf16_words(g.data(), n, out, out), nullptr);
+      }
+    }
+  }
+}
+
+// linear_backward_spent gives linear_backward's bits, bias gradient included (it sums dy's fp32
+// values before rounding them), on both bf16 paths and in fp32; on the portable path it leaves
+// dy rounded to bf16 (its values are spent), elsewhere as it was. A bias summed after the
+// rounding, or a dy rounded differently from the products' own rounding, fails it.
+TEST(LinearKernel, SpentGradientGivesTheBitsOfLinearBackward) {
+  const int64_t n = 300, in = 96, out = 160;
+  const auto x = random_vector(size_t(n * in), 51), w = random_vector(size_t(in * out), 52),
+             g = random_vector(size_t(n * out), 53), dx_start = random_vector(size_t(n * in), 54),
+             dw_start = random_vector(size_t(in * out), 55), db_start = random_vector(size_t(out), 56);
+  const Bf16GemmChoiceScope restore;
+  for (Precision precision : {Precision::Fp32, Precision::Bf16}) {
+    PrecisionScope scope(precision);
+    for (Bf16GemmChoice path : {Bf16GemmChoice::Native, Bf16GemmChoice::Portable}) {
+      for (bool w_in_out : {false, true}) {
+        force_bf16_gemm_path(path);
+        SCOPED_TRACE(std::string(precision_name(precision)) +
+                     (path == Bf16GemmChoice::Native ? " native " : " portable ") + std::to_string(w_in_out));
+        auto dx = dx_start, dw = dw_start, db = db_start, dx_ref = dx_start, dw_ref = dw_start, db_ref = db_start;
+        auto spent = g;
+        linear_backward(x.data(), w.data(), g.data(), dx_ref.data(), dw_ref.data(), db_ref.data(), n, in, out, w_in_out,
+                        0, GradWrite::Overwrite);
+        linear_backward_spent(x.data(), w.data(), spent.data(), dx.data(), dw.data(), db.data(), n, in, out, w_in_out,
+                              0, GradWrite::Overwrite);
+        ASSERT_EQ(dx, dx_ref);
+        ASSERT_EQ(dw, dw_ref);
+        ASSERT_EQ(db, db_ref);
+        const bool rounded = precision == Precision::Bf16 && bf16_gemm_path() == Bf16GemmPath::Portable;
+        size_t moved = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          const float want = rounded ? bf16_to_float(float_to_bf16(g[i])) : g[i];
+          ASSERT_EQ(spent[i], want) << i;
+          moved += spent[i] != g[i];
+        }
+        EXPECT_EQ(moved > 0, rounded);
       }
     }
   }

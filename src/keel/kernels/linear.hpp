@@ -22,4 +22,15 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
                      int64_t in, int64_t out, bool w_in_out = false, int64_t ldw = 0,
                      GradWrite dx_write = GradWrite::Accumulate);
 
+// linear_backward for a dy that the caller owns and never reads again (a gradient temporary of
+// the backward: dq, dk, dv, an FFN's dgate and dup). Where bf16 products run on the fp32 kernels
+// (the portable path) each product would round dy into a copy of its own size; here the bias
+// gradient first sums dy's fp32 values, then dy is rounded in place and the products read it as
+// it is. The same bits as linear_backward, without an n × out copy at the backward's peak. Under
+// fp32 matmuls, and on the native path (which converts to bf16 words anyway), it is
+// linear_backward.
+void linear_backward_spent(const float* x, const float* w, float* dy, float* dx, float* dw, float* db, int64_t n,
+                           int64_t in, int64_t out, bool w_in_out = false, int64_t ldw = 0,
+                           GradWrite dx_write = GradWrite::Accumulate);
+
 }  // namespace keel::kernels

@@ -326,7 +326,7 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
     float* dqkv = arena.alloc_zeroed(static_cast<size_t>(n * 3 * hidden_));
     kernels::attention_backward(saved_.q, saved_.k, saved_.v, out_, lse_, d_out, dqkv, dqkv + hidden_,
                                 dqkv + 2 * hidden_, dims(s));
-    kernels::linear_backward(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
+    kernels::linear_backward_spent(x_, store.data(w_qkv_), dqkv, dx, store.grad(w_qkv_), store.grad(b_qkv_), n, hidden_,
                              3 * hidden_, true, 0, dx_write);
     return;
   }
@@ -346,8 +346,8 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   arena.release(before_heads);
   kernels::rope_backward(dq, *rope_, s.batch, s.seq, heads_, head_dim_);
   kernels::rope_backward(dk, *rope_, s.batch, s.seq, kv_heads_, head_dim_);
-  const float* dq_proj = dq;
-  const float* dk_proj = dk;
+  float* dq_proj = dq;
+  float* dk_proj = dk;
   if (qk_norm_) {
     float* dq_raw = arena.alloc(static_cast<size_t>(n * q_out));  // overwritten by the norm's backward
     float* dk_raw = arena.alloc(static_cast<size_t>(n * kv_out));
@@ -359,14 +359,15 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
   if (output_gate_) {
     float* dqg = arena.alloc(static_cast<size_t>(n * 2 * q_out));
     merge_query_gate(dq_proj, d_gate, dqg, n, heads_, head_dim_);
-    kernels::linear_backward(x_, store.data(wq_), dqg, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
+    kernels::linear_backward_spent(x_, store.data(wq_), dqg, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
                              2 * q_out, false, 0, dx_write);
   } else {
-    kernels::linear_backward(x_, store.data(wq_), dq_proj, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
+    kernels::linear_backward_spent(x_, store.data(wq_), dq_proj, dx, store.grad(wq_), opt_grad(store, bq_), n, hidden_,
                              q_out, false, 0, dx_write);
   }  // q's product is dx's first writer; k's and v's add to it
-  kernels::linear_backward(x_, store.data(wk_), dk_proj, dx, store.grad(wk_), opt_grad(store, bk_), n, hidden_, kv_out);
-  kernels::linear_backward(x_, store.data(wv_), dv, dx, store.grad(wv_), opt_grad(store, bv_), n, hidden_, kv_out);
+  kernels::linear_backward_spent(x_, store.data(wk_), dk_proj, dx, store.grad(wk_), opt_grad(store, bk_), n, hidden_,
+                                 kv_out);
+  kernels::linear_backward_spent(x_, store.data(wv_), dv, dx, store.grad(wv_), opt_grad(store, bv_), n, hidden_, kv_out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -466,9 +467,9 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
                            conv1d_);
   // dx's first writer takes dx_write; the second adds to it.
   if (gated_)
-    kernels::linear_backward(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
+    kernels::linear_backward_spent(x_, store.data(w_gate_), dgate, dx, store.grad(w_gate_), opt_grad(store, b_gate_), n,
                              hidden_, width_, false, 0, dx_write);
-  kernels::linear_backward(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_,
+  kernels::linear_backward_spent(x_, store.data(w_up_), dup, dx, store.grad(w_up_), opt_grad(store, b_up_), n, hidden_,
                            width_, conv1d_, 0, gated_ ? kernels::GradWrite::Accumulate : dx_write);
 }
 

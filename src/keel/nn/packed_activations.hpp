@@ -2,15 +2,16 @@
 // bf16 activation storage (run.precision = "bf16", run.bf16_activations = "packed"). Under bf16
 // mixed precision most of what a block saves for its backward is bf16 values already (every
 // round_activation: projections' outputs, q/k/v, the attention output, gate and up),
-// held in fp32 slots. After a block's forward its whole stretch of the activation arena is
-// compacted in place: the recorded bf16 tensors to 2 bytes a value, everything else (residual
-// stream, norm statistics, log-sum-exps, router state) copied as it is, and the next block is
-// laid out right after the compacted copy. Before the block's backward the stretch is expanded
-// back to where it was, so every pointer the modules hold is valid again; what it overwrites
-// then (later blocks' copies) is dead by that time. Tensors declared unused after the block's
-// forward (its output, once copied out of the stretch for the next block) are dropped from the
-// copy altogether and come back as NaN (the backward never reads them). Memory: the blocks'
-// compacted copies plus one block expanded, instead of every block in fp32. Nothing is
+// held in fp32 slots. After a sublayer's forward (TransformerModel::forward_block gives each
+// attention and each MLP a stretch of its own) its stretch of the activation arena is compacted
+// in place: the recorded bf16 tensors to 2 bytes a value, everything else (residual stream,
+// norm statistics, log-sum-exps, router state) copied as it is, and the next stretch is laid
+// out right after the compacted copy. Before its backward the stretch is expanded back to where
+// it was, so every pointer the modules hold is valid again; what it overwrites then (later
+// stretches' copies) is dead by that time. Tensors declared unused after the forward (the
+// sublayer's output, once copied out of the stretch for the next one) are dropped from the copy
+// altogether and come back as NaN (the backward never reads them). Memory: the compacted copies
+// plus one sublayer expanded, instead of every block in fp32. Nothing is
 // rounded that was not already rounded: gradients are bit-identical to keeping the values in fp32
 // slots (tested, which also catches a tensor wrongly declared unused).
 #include <cstddef>
@@ -61,20 +62,21 @@ std::vector<Wave> piece_waves(bool pack, int64_t count, int64_t gap, size_t elem
 
 class PackedActivations {
  public:
-  // A fresh training forward over `blocks` blocks.
+  // A fresh training forward over `blocks` stretches.
   void start(size_t blocks);
-  // Where block b's forward records the tensors it rounds (a kernels::Bf16Capture target).
+  // Stretch b is any part of the forward the caller numbers (the model: attention 2l, MLP 2l + 1).
+  // Where stretch b's forward records the tensors it rounds (a kernels::Bf16Capture target).
   std::vector<kernels::FloatSpan>* capture(size_t block);
-  // Where block b's forward lists the tensors its backward never reads (they are not kept).
+  // Where stretch b's forward lists the tensors its backward never reads (they are not kept).
   std::vector<kernels::FloatSpan>* unused(size_t block);
-  // After block b's forward, which allocated everything since `since` in `arena`: compacts that
+  // After stretch b's forward, which allocated everything since `since` in `arena`: compacts that
   // stretch in place and leaves the arena just past the compacted copy. A stretch that is not
   // one run of memory (the arena grew a block during the first step) stays as it is.
   void pack(size_t block, Arena& arena, const Arena::Mark& since);
-  // After the last block's forward: moves the arena past the furthest point any block will
+  // After the last stretch's forward: moves the arena past the furthest point any stretch will
   // expand to, so what is allocated from here on (the loss, the backward) is never overwritten.
   void reserve(Arena& arena) const;
-  // Before block b's backward: its stretch as the forward left it.
+  // Before stretch b's backward: its stretch as the forward left it.
   void unpack(size_t block);
   // Of the last training step: bytes the packed bf16 tensors would take in fp32, bytes of the
   // unused tensors dropped (as they lay in the arena), and the bytes of all blocks' compacted
