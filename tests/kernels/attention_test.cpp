@@ -226,6 +226,30 @@ TEST(AttentionKernel, GradientsGqa2Softcap) { check_gradients(dims(2, 9, 4, 2, 2
 // Forward and backward give the same bits on one thread and on two (the thread governor changes
 // the team between steps; a resumed run must not diverge): every block product and reduction is
 // done whole by the thread that owns its task.
+// dq may be the attention output's own buffer (Attention::backward puts it there): the same
+// bits for dq, dk and dv as with a zeroed dq of its own: GQA over two sequences, and one longer
+// sequence with two heads and soft-capping. Not zeroing dq once the output is read fails it
+// (tried).
+TEST(AttentionKernel, DqInTheOutputsPlaceGivesTheSameBits) {
+  for (const AttentionDims& d : {dims(2, 150, 4, 2, 24, 24, 0.f), dims(1, 300, 2, 2, 16, 16, 1.5f)}) {
+    const Inputs in = make_inputs(d, 61, 2.f);
+    const size_t out_n = size_t(d.batch * d.seq * d.heads * d.v_dim), lse_n = size_t(d.batch * d.heads * d.seq);
+    const std::vector<float> g = random_vector(out_n, 64);
+    std::vector<float> out(out_n), lse(lse_n), mx(size_t(d.heads), -std::numeric_limits<float>::infinity());
+    attention_forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), mx.data(), d);
+    std::vector<float> dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+    attention_backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), g.data(), dq.data(), dk.data(),
+                       dv.data(), d);
+    std::vector<float> shared = out, dk2(in.k.size()), dv2(in.v.size());
+    attention_backward(in.q.data(), in.k.data(), in.v.data(), shared.data(), lse.data(), g.data(), shared.data(),
+                       dk2.data(), dv2.data(), d);
+    EXPECT_EQ(shared, dq);
+    EXPECT_EQ(dk2, dk);
+    EXPECT_EQ(dv2, dv);
+    EXPECT_NE(dq, out);
+  }
+}
+
 TEST(AttentionKernel, BitIdenticalForOneAndTwoThreads) {
   const AttentionDims d = dims(2, 150, 4, 2, 24, 40, 0.f);
   const Inputs in = make_inputs(d, 31, 2.f);

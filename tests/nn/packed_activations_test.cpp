@@ -400,8 +400,9 @@ TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenSublayersCountedByHand) {
 // tokens, floats per token): the two residual buffers (2 x hidden) under every stretch, every
 // compacted sublayer (the step's own count), and above them the last block's MLP phase: its
 // stretch in fp32 (the input's copy, the normed input, up and gate; its output, dead, is where
-// the backward's temporaries start) and those temporaries (the norm's input gradient, the
-// recomputed activation h and dh; the bf16 operands the products share are not in the arena).
+// the backward's temporaries start) and those temporaries (the norm's input gradient and dh;
+// the recomputed activation h takes up's place, and the bf16 operands the products share are
+// not in the arena).
 // Per-row statistics and padding are the rest, under 1%. The block's attention phase is lower: its stretch expands over its own
 // compacted copy and the dead MLP. With both sublayers of the top block expanded at once, or
 // the temporaries above the furthest stretch as before, the peak is 15-25% higher.
@@ -413,7 +414,7 @@ TEST(PackedActivations, PeakIsTheCompactedSublayersAndOneSublayerExpandedCounted
     SCOPED_TRACE(std::string(bf16_activations_name(storage)));
     const TwoSteps r = run(config, storage, Recompute::None, 2, 128);
     const double mlp_stretch = 2 * h + 2 * I;
-    const double mlp_temporaries = h + 2 * I;
+    const double mlp_temporaries = h + I;
     const double counted = double(r.compacted) + (2 * h + mlp_stretch + mlp_temporaries) * 256 * sizeof(float);
     EXPECT_GE(double(r.arena), 0.99 * counted);
     EXPECT_LE(double(r.arena), 1.01 * counted) << double(r.arena) / counted;

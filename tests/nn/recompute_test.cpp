@@ -56,9 +56,9 @@ TEST(Recompute, HoldsFewerActivations) {
 // places of o_proj's and down_proj's products), gate and up; then the final norm's output, which
 // goes on as the one buffer of the blocks' gradient (the loss's gradient is given back once the
 // norm's backward has read it); on top, the larger sublayer backward, whose own gradient is that
-// buffer (the MLP's: the recomputed h / dgate, dh / dup, the norm's input gradient; the
-// attention's: d_out, dq, dk, dv, then q and k recomputed, whose place dq_raw and dk_raw take,
-// the norm's input gradient). Per-row statistics (rstd, log-sum-exps) and 64-byte padding are
+// buffer (the MLP's: dh / dup and the norm's input gradient, the recomputed h in up's place; the
+// attention's: d_out, dk, dv, then q and k recomputed, whose place dq_raw and dk_raw take, the
+// norm's input gradient; dq in the attention output's place). Per-row statistics (rstd, log-sum-exps) and 64-byte padding are
 // the rest, under 1%. A kept hidden activation, a second copy of q and k, a buffer per residual
 // sum or per block gradient, or sublayer temporaries held together would each add 5-20%.
 TEST(ActivationArena, HoldsWhatTheBackwardReadsCountedByHand) {
@@ -68,7 +68,7 @@ TEST(ActivationArena, HoldsWhatTheBackwardReadsCountedByHand) {
   const double q = double(s.attention.num_heads * s.attention.head_dim);
   const double kv = double(s.attention.num_kv_heads * s.attention.head_dim);
   const double block = 4 * h + 2 * q + 2 * kv + 2 * I;
-  const double backward = std::max(h + 2 * I, h + 3 * q + 3 * kv);
+  const double backward = std::max(h + I, h + 2 * q + 3 * kv);
   const double per_token = h + double(s.num_layers) * block + h + backward;
   const double counted = per_token * 256 * sizeof(float);
   const double arena = double(run(config, Recompute::None, 2, 128).arena);

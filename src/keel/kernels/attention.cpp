@@ -9,6 +9,7 @@
 
 #include "keel/core/error.hpp"
 #include "keel/core/kept_buffer.hpp"
+#include "keel/core/parallel_fill.hpp"
 #include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/fast_math.hpp"
 
@@ -384,6 +385,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       for (int64_t c = 0; c < Dv; ++c) acc += o[c] * g[c];
       delta[size_t(((bt / T) * H + h) * T + bt % T)] = acc;
     }
+  if (dq == out) {  // out is read no more: dq takes its place, starting from zero
+    KEEL_CHECK(Dk == Dv && qs == H * Dk);
+    parallel_zero(dq, static_cast<size_t>(B * T * qs));
+  }
 
   // Tasks are (sequence, kv head, run of query blocks). A task owns dq of its query rows for the
   // heads of its kv head, so dq is summed over key blocks in the same order whatever the split.

@@ -34,7 +34,9 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 
 // Accumulates dq += ∂L/∂q, dk += ∂L/∂k, dv += ∂L/∂v (q_offset 0; dq, dk, dv have the row
 // strides of q, k, v; out and dout are dense). Scores are recomputed block by block from q,
-// k and lse (FlashAttention-2, Algorithm 2).
+// k and lse (FlashAttention-2, Algorithm 2). dq may be out itself (Dqk == Dv, q dense): out is
+// read only by a first pass, before dq is written, and dq is then zeroed here and set to ∂L/∂q,
+// so a caller whose attention output is dead after the backward needs no buffer for dq.
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttentionDims& d);
 

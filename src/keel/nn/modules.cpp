@@ -330,7 +330,10 @@ void Attention::backward(ParameterStore& store, Arena& arena, const float* dy, f
                              3 * hidden_, true, 0, dx_write);
     return;
   }
-  float* dq = arena.alloc_zeroed(static_cast<size_t>(n * q_out));
+  // The attention output is read last by the kernel's first pass (the sinks' and the output
+  // gate's backwards, and o_proj's weight gradient, come before): dq takes its place, and the
+  // kernel zeroes it then.
+  float* dq = out_;
   float* dk = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   float* dv = arena.alloc_zeroed(static_cast<size_t>(n * kv_out));
   Inputs in = saved_;
@@ -446,7 +449,6 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   const size_t wide = static_cast<size_t>(n * width_);
   // dh, dgate and dup each have one writer, which overwrites them: no zeroing pass.
   constexpr kernels::GradWrite kOnly = kernels::GradWrite::Overwrite;
-  float* h = arena.alloc(wide);
   float* dh = arena.alloc(wide);
   // dy is read by the down projection's two products, x_ by gate's and up's weight gradients.
   const kernels::SharedBf16Operand shared_dy(dy, n, hidden_);
@@ -454,10 +456,12 @@ void Mlp::backward(ParameterStore& store, Arena& arena, const float* dy, float* 
   // dh first: the down projection's input gradient does not read h. Then h again from the stored
   // gate and up, in the same pass as the activation's backward (one evaluation of the activation
   // per element, not two; the forward's bits, rounded under bf16 as activate rounds them); then
-  // the weight gradient that reads h. dup takes dh's place and dgate the stored gate's, each
-  // element read before it is written.
+  // the weight gradient that reads h. h takes the stored up's place, dup dh's and dgate the
+  // stored gate's, each element read before it is written: the backward's only n × width
+  // temporary is dh (a second one would be the bf16 step's peak at Qwen3-0.6B's shape).
   kernels::linear_backward(nullptr, store.data(w_down_), dy, dh, nullptr, opt_grad(store, b_down_), n, width_, hidden_,
                            conv1d_, 0, kOnly);
+  float* h = up_;
   float* dup = dh;
   float* dgate = gate_;
   if (gated_) kernels::gated_backward_and_output(gate_, up_, dh, h, dgate, dup, n * width_, act_);
