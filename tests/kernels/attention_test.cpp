@@ -223,9 +223,6 @@ TEST(AttentionKernel, GradientsGqa2AcrossBlocks) { check_gradients(dims(1, 70, 4
 TEST(AttentionKernel, GradientsMqa4Softcap) { check_gradients(dims(1, 67, 4, 1, 12, 8, 1.5f), 14); }
 TEST(AttentionKernel, GradientsGqa2Softcap) { check_gradients(dims(2, 9, 4, 2, 24, 24, 2.f), 15); }
 
-// Forward and backward give the same bits on one thread and on two (the thread governor changes
-// the team between steps; a resumed run must not diverge): every block product and reduction is
-// done whole by the thread that owns its task.
 // dq may be the attention output's own buffer (Attention::backward puts it there): the same
 // bits for dq, dk and dv as with a zeroed dq of its own: GQA over two sequences, and one longer
 // sequence with two heads and soft-capping. Not zeroing dq once the output is read fails it
@@ -250,6 +247,9 @@ TEST(AttentionKernel, DqInTheOutputsPlaceGivesTheSameBits) {
   }
 }
 
+// Forward and backward give the same bits on one thread and on two (the thread governor changes
+// the team between steps; a resumed run must not diverge): every block product and reduction is
+// done whole by the thread that owns its task.
 TEST(AttentionKernel, BitIdenticalForOneAndTwoThreads) {
   const AttentionDims d = dims(2, 150, 4, 2, 24, 40, 0.f);
   const Inputs in = make_inputs(d, 31, 2.f);

@@ -354,10 +354,12 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
         out = f(input);
       }
       parallel_copy(dest, out, size);
-      // The output is dead once copied: where it is the stretch's last tensor (the projection that
-      // the residual sum took over), the backward's temporaries may start at it.
+      // The output is dead once copied: where it is the stretch's last allocation (the projection
+      // that the residual sum took over), the backward's temporaries may start at it.
+      constexpr size_t kLane = kAlignment / sizeof(float);
       const float* end = arena_.top();
-      expanded_end_[part] = end - out <= static_cast<ptrdiff_t>(size + kAlignment / sizeof(float)) && out < end ? out : end;
+      const bool output_last = out < end && end - out == static_cast<ptrdiff_t>((size + kLane - 1) / kLane * kLane);
+      expanded_end_[part] = output_last ? out : end;
       if (compact) {
         // The stretch's copy of the output is read no more: the next sublayer reads dest.
         packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
@@ -417,9 +419,9 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
     case Recompute::None:
       if (packing_) {
         // One sublayer expanded at a time (forward_block). Everything above the expanded stretch
-        // is dead (later blocks, the loss; grad is a residual buffer below every stretch), so the
-        // sublayer's temporaries go right above it. Where the arena was not one run of memory
-        // (a first step), nothing was compacted and the temporaries stay on top.
+        // is dead (later sublayers, the loss; grad is a residual buffer below every stretch), so
+        // the sublayer's temporaries go right above it. A stretch in an older block of a growing
+        // arena (a first step without reserved address space) leaves them on top (move_to).
         packed_.unpack(2 * l + 1);
         arena_.move_to(expanded_end_[2 * l + 1]);
         block.backward_mlp(store_, arena_, grad, s);

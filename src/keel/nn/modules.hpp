@@ -120,7 +120,7 @@ class Attention {
   ParamRef sinks_;                  // gpt-oss's per-head sink logits (attention_sink.hpp)
   bool output_gate_ = false;        // Qwen3-Next's σ(gate) on each head's output (output_gate.hpp)
   std::optional<QkNorm> qk_norm_;
-  // Saved for backward.
+  // Saved for backward (which puts dq in out_'s place once the attention kernel has read it).
   const float* x_ = nullptr;
   Inputs saved_;
   float *out_ = nullptr, *lse_ = nullptr;
@@ -147,7 +147,8 @@ class Mlp {
   kernels::Activation act_;
   ParamRef w_gate_, b_gate_, w_up_, b_up_, w_down_, b_down_;
   const float* x_ = nullptr;
-  float *gate_ = nullptr, *up_ = nullptr;  // h is recomputed from them; the backward overwrites gate with its gradient
+  // h is recomputed from them; the backward overwrites gate with its gradient and up with h.
+  float *gate_ = nullptr, *up_ = nullptr;
 };
 
 // Wires a module into the residual stream:
