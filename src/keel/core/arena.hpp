@@ -55,17 +55,22 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
   Arena(Arena&&) = default;
   Arena& operator=(Arena&&) = default;
+  // The floats alloc(count) takes: count rounded up to whole 64-byte lines.
+  static constexpr size_t padded(size_t count) {
+    constexpr size_t kLane = kAlignment / sizeof(float);
+    return (count + kLane - 1) / kLane * kLane;
+  }
   // Uninitialized floats valid until the next reset().
   float* alloc(size_t count) {
-    size_t padded = (count + kAlignment / sizeof(float) - 1) / (kAlignment / sizeof(float)) * (kAlignment / sizeof(float));
-    if (blocks_.empty() || used_ + padded > blocks_.back().size) {
-      size_t want = std::max(padded, blocks_.empty() ? size_t{1} << 16 : blocks_.back().size);
+    const size_t taken = padded(count);
+    if (blocks_.empty() || used_ + taken > blocks_.back().size) {
+      size_t want = std::max(taken, blocks_.empty() ? size_t{1} << 16 : blocks_.back().size);
       blocks_.push_back(allocate_block(want));
       used_ = 0;
     }
     float* p = blocks_.back().data.get() + used_;
-    used_ += padded;
-    total_used_ += padded;
+    used_ += taken;
+    total_used_ += taken;
     high_water_ = std::max(high_water_, total_used_);
     return p;
   }
@@ -108,8 +113,7 @@ class Arena {
     if (blocks_.empty()) return false;
     const float* base = blocks_.back().data.get();
     if (p < base || p > base + blocks_.back().size) return false;
-    constexpr size_t kLane = kAlignment / sizeof(float);
-    const size_t to = std::min(blocks_.back().size, (static_cast<size_t>(p - base) + kLane - 1) / kLane * kLane);
+    const size_t to = std::min(blocks_.back().size, padded(static_cast<size_t>(p - base)));
     total_used_ = total_used_ - used_ + to;
     used_ = to;
     high_water_ = std::max(high_water_, total_used_);

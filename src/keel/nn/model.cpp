@@ -356,9 +356,8 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
       parallel_copy(dest, out, size);
       // The output is dead once copied: where it is the stretch's last allocation (the projection
       // that the residual sum took over), the backward's temporaries may start at it.
-      constexpr size_t kLane = kAlignment / sizeof(float);
       const float* end = arena_.top();
-      const bool output_last = out < end && end - out == static_cast<ptrdiff_t>((size + kLane - 1) / kLane * kLane);
+      const bool output_last = out < end && end - out == static_cast<ptrdiff_t>(Arena::padded(size));
       expanded_end_[part] = output_last ? out : end;
       if (compact) {
         // The stretch's copy of the output is read no more: the next sublayer reads dest.
