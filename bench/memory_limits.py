@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--budget-gib", type=float, default=24.0)
     ap.add_argument("--seqs", default="256,1024")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--bf16-activations", default="packed", choices=["packed", "fp32", "all"],
+    ap.add_argument("--bf16-activations", default="all", choices=["packed", "fp32", "all"],
                     help="with --precision bf16: how the saved activations are held (run.bf16_activations)")
     ap.add_argument("--recompute", default="none,attention,blocks", help="the settings to measure, comma-separated")
     ap.add_argument("--threads", type=int, default=2)

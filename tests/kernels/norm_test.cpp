@@ -4,7 +4,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "gradient_check.hpp"
 
@@ -139,6 +142,29 @@ TEST(NormKernel, WeightGradientsOverManyRowsMatchSumsForAnyTeam) {
 // Overwriting (QK-Norm's backward, the only writer of dq_raw and dk_raw) gives what accumulating
 // into zeros gives, bit for bit, and never reads the buffer it writes (NaN here, as an unzeroed
 // arena slot may hold); the weight gradient still accumulates.
+// A norm's output dropped between forward and backward is recomputed from the saved statistics:
+// the very bits, or the backward's products would read other values than the forward's. Rows of
+// a width with a vector tail, with and without a gain (and LayerNorm's bias).
+TEST(NormKernel, ApplyGivesTheForwardsBitsFromItsStatistics) {
+  const int64_t rows = 37, dim = 75;
+  const auto x = random_vector(size_t(rows * dim), 21, -4.f, 4.f);
+  const auto w = random_vector(size_t(dim), 22, 0.5f, 1.5f), b = random_vector(size_t(dim), 23);
+  std::vector<float> y(x.size()), again(x.size()), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  for (const float* gain : {w.data(), static_cast<const float*>(nullptr)}) {
+    rmsnorm_forward(x.data(), gain, y.data(), rstd.data(), rows, dim, 1e-6f);
+    std::fill(again.begin(), again.end(), -1.f);
+    rmsnorm_apply(x.data(), gain, rstd.data(), again.data(), rows, dim);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(std::bit_cast<uint32_t>(again[i]), std::bit_cast<uint32_t>(y[i])) << i;
+    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+      layernorm_forward(x.data(), gain, bias, y.data(), mean.data(), rstd.data(), rows, dim, 1e-5f);
+      std::fill(again.begin(), again.end(), -1.f);
+      layernorm_apply(x.data(), gain, bias, mean.data(), rstd.data(), again.data(), rows, dim);
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(again[i]), std::bit_cast<uint32_t>(y[i])) << i;
+    }
+  }
+}
+
 TEST(NormKernel, RmsNormOverwriteEqualsAccumulatingIntoZeros) {
   const int64_t rows = 37, dim = 64;
   const auto x = random_vector(size_t(rows * dim), 21, -2.f, 2.f), w = random_vector(size_t(dim), 22, 0.5f, 1.5f);

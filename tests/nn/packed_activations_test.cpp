@@ -423,25 +423,24 @@ TEST(PackedActivations, PeakIsTheCompactedSublayersAndOneSublayerExpandedCounted
 
 // What gets packed, counted by hand for qwen3_small (QK-Norm, GQA) at 2 x 128 tokens: per token
 // and block, q before QK-Norm and the attention output (2 x heads x head_dim), k before QK-Norm
-// and v (2 x kv_heads x head_dim), the two normed sublayer inputs (2 x hidden) and gate and up
-// (2 x intermediate). q and k after QK-Norm/RoPE and the FFN's hidden activation are recomputed
-// by the backward, not kept.
-// Dropped: each packed sublayer's output in its stretch (1 x hidden; the residual sums take the
-// places of the projections' outputs), copied out to a residual buffer.
+// and v (2 x kv_heads x head_dim), and gate and up (2 x intermediate). q and k after
+// QK-Norm/RoPE and the FFN's hidden activation are recomputed by the backward, not kept.
+// Dropped, per packed sublayer: its output in its stretch (1 x hidden; the residual sums take the
+// places of the projections' outputs), copied out to a residual buffer, and its normed input
+// (1 x hidden), which the backward writes again from the norm's input and statistics.
 TEST(PackedActivations, PackWhatEachDenseBlockRoundsToBf16) {
   const TwoSteps r = run("bench/configs/qwen3_small.json", Bf16Activations::Packed, Recompute::None, 2, 128);
   const arch::ModelSpec s = arch::load_model_spec(std::string(KEEL_SOURCE_DIR) + "/bench/configs/qwen3_small.json");
   const double hd = double(s.attention.head_dim);
   const double floats_per_token = 2.0 * double(s.attention.num_heads) * hd +
-                                  2.0 * double(s.attention.num_kv_heads) * hd + 2.0 * double(s.hidden_size) +
-                                  2.0 * double(s.mlp.intermediate_size);
+                                  2.0 * double(s.attention.num_kv_heads) * hd + 2.0 * double(s.mlp.intermediate_size);
   // Every sublayer but the last MLP, whose backward comes first (it is never packed): per token,
-  // the attention's q, k, v, its output and normed input in every block, and the MLP's normed
-  // input, gate and up in all but the last.
-  const double mlp_floats = double(s.hidden_size) + 2.0 * double(s.mlp.intermediate_size);
+  // the attention's q, k, v and its output in every block, and the MLP's gate and up in all but
+  // the last.
+  const double mlp_floats = 2.0 * double(s.mlp.intermediate_size);
   const double layers = double(s.num_layers);
   EXPECT_EQ(double(r.packed_fp32), (floats_per_token * layers - mlp_floats) * 256.0 * sizeof(float));
-  EXPECT_EQ(double(r.dropped), double(s.hidden_size) * (2 * layers - 1) * 256.0 * sizeof(float));
+  EXPECT_EQ(double(r.dropped), 2.0 * double(s.hidden_size) * (2 * layers - 1) * 256.0 * sizeof(float));
   // Compacted and expanded stretches of megabytes, the next block laid over the freed space:
   const TwoSteps slots = run("bench/configs/qwen3_small.json", Bf16Activations::Fp32, Recompute::None, 2, 128);
   EXPECT_EQ(slots.ce, r.ce);

@@ -133,13 +133,14 @@ TEST(RunConfig, RecomputeDefaultsToNoneAndRoundTrips) {
   EXPECT_EQ(parse_run_config(kBase, "run.toml", {"run.recompute=\"attention\""}).recompute, nn::Recompute::Attention);
 }
 
-TEST(RunConfig, Bf16ActivationsDefaultToPackedAndRoundTrip) {
-  EXPECT_EQ(parse_run_config(kBase, "run.toml").bf16_activations, "packed");
+TEST(RunConfig, Bf16ActivationsDefaultToAllAndRoundTrip) {
+  EXPECT_EQ(parse_run_config(kBase, "run.toml").bf16_activations, "all");
   RunConfig a = parse_run_config(kBase, "run.toml", {"run.bf16_activations=\"fp32\""});
   EXPECT_EQ(a.bf16_activations, "fp32");
   EXPECT_EQ(parse_run_config(to_toml(a), "again.toml").bf16_activations, "fp32");
-  RunConfig all = parse_run_config(kBase, "run.toml", {"run.bf16_activations=\"all\""});
-  EXPECT_EQ(parse_run_config(to_toml(all), "again.toml").bf16_activations, "all");
+  RunConfig packed = parse_run_config(kBase, "run.toml", {"run.bf16_activations=\"packed\""});
+  EXPECT_EQ(parse_run_config(to_toml(packed), "again.toml").bf16_activations, "packed");
+  EXPECT_EQ(parse_run_config(to_toml(parse_run_config(kBase, "run.toml")), "again.toml").bf16_activations, "all");
   EXPECT_EQ(error_field(kBase, {"run.bf16_activations=\"fp16\""}), "run.bf16_activations");
 }
 

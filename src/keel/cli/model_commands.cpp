@@ -373,7 +373,7 @@ void print_gemm_ceilings(const stage_timer::Totals& stages, int64_t steps, const
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time full training steps (forward, backward, AdamW or Muon) on random tokens");
   struct Options {
-    std::string config, optimizer = "adamw", precision = "fp32", recompute = "none", bf16_activations = "packed";
+    std::string config, optimizer = "adamw", precision = "fp32", recompute = "none", bf16_activations = "all";
     std::vector<std::string> sets;
     int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
     bool json = false, peak = false;
@@ -391,9 +391,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
       ->check(CLI::IsMember({"none", "attention", "blocks"}));
   cmd->add_option("--bf16-activations", o->bf16_activations,
-                  "with --precision bf16: packed (saved bf16 activations held in 2 bytes, the default), fp32 "
-                  "(the same values in fp32 slots) or all (the residual stream's saved copies rounded to bf16 "
-                  "too, lossy; run.bf16_activations)")
+                  "with --precision bf16: all (what the blocks save held in bf16, the residual stream's copies "
+                  "rounded too; the default), packed (the residual stream's copies fp32, gradients bit-identical "
+                  "to fp32 slots) or fp32 (bf16 values in fp32 slots; run.bf16_activations)")
       ->check(CLI::IsMember({"packed", "fp32", "all"}));
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->add_flag("--peak", o->peak,

@@ -44,6 +44,23 @@ void add_block_sums(float* out, const double* partial, const RowBlocks& blocks, 
   }
 }
 
+// One row of each norm's output from its statistics: the forward and the recomputation of an
+// output dropped between forward and backward (rmsnorm_apply, layernorm_apply) share these, so
+// the two give the same bits.
+inline void rmsnorm_row(const float* xr, const float* w, float rs, float* yr, int64_t dim) {
+  if (w != nullptr)
+    for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs * w[j];
+  else
+    for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs;
+}
+
+inline void layernorm_row(const float* xr, const float* w, const float* b, float m, float rs, float* yr, int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) {
+    const float xh = (xr[j] - m) * rs;
+    yr[j] = xh * (w != nullptr ? w[j] : 1.f) + (b != nullptr ? b[j] : 0.f);
+  }
+}
+
 }  // namespace
 
 // x: (rows, dim), w: (dim) -> y: (rows, dim), rstd: (rows)
@@ -59,11 +76,14 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
     for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * xr[j];
     const float rs = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
     rstd[r] = rs;
-    if (w != nullptr)
-      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs * w[j];
-    else
-      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs;
+    rmsnorm_row(xr, w, rs, yr, dim);
   }
+}
+
+void rmsnorm_apply(const float* x, const float* w, const float* rstd, float* y, int64_t rows, int64_t dim) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) rmsnorm_row(x + r * dim, w, rstd[r], y + r * dim, dim);
 }
 
 // x, dy: (rows, dim), rstd: (rows); accumulates dx: (rows, dim), dw: (dim)
@@ -125,11 +145,15 @@ void layernorm_forward(const float* x, const float* w, const float* b, float* y,
     const float m = float(mu);
     mean[r] = m;
     rstd[r] = rs;
-    for (int64_t j = 0; j < dim; ++j) {
-      const float xh = (xr[j] - m) * rs;
-      yr[j] = xh * (w != nullptr ? w[j] : 1.f) + (b != nullptr ? b[j] : 0.f);
-    }
+    layernorm_row(xr, w, b, m, rs, yr, dim);
   }
+}
+
+void layernorm_apply(const float* x, const float* w, const float* b, const float* mean, const float* rstd, float* y,
+                     int64_t rows, int64_t dim) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Norm);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) layernorm_row(x + r * dim, w, b, mean[r], rstd[r], y + r * dim, dim);
 }
 
 // x, dy: (rows, dim), mean, rstd: (rows); accumulates dx: (rows, dim), dw, db: (dim)

@@ -117,7 +117,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
                                 float* max_logit) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(attn_norms_, x, n, hidden_, true, norm, [&](const float* in) {
+  return residual(attn_norms_, x, n, hidden_, matmul_input(false), norm, [&](const float* in) {
     return attention_ ? attention_->forward(store, arena, in, s, max_logit)
                       : mla_->forward(store, arena, in, s, max_logit);
   });
@@ -126,7 +126,7 @@ float* Block::forward_attention(ParameterStore& store, Arena& arena, const float
 float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s) {
   const int64_t n = s.tokens();
   auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(mlp_norms_, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
+  return residual(mlp_norms_, x1, n, hidden_, matmul_input(true), norm, [&](const float* in) {
     return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
   });
 }
@@ -138,7 +138,7 @@ float* Block::forward_incremental(const ParameterStore& store, Arena& arena, con
     return attention_ ? attention_->forward_incremental(store, arena, in, n, cache)
                       : mla_->forward_incremental(store, arena, in, n, cache);
   });
-  return residual(mlp_norms_, x1, n, hidden_, mlp_.has_value(), norm, [&](const float* in) {
+  return residual(mlp_norms_, x1, n, hidden_, matmul_input(true), norm, [&](const float* in) {
     return mlp_ ? mlp_->forward_incremental(store, arena, in, n) : moe_->forward_incremental(store, arena, in, n);
   });
 }
@@ -195,6 +195,18 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
     f_backward(dy, grad, kernels::GradWrite::Accumulate);
   }
   arena.release(scratch);
+}
+
+float* Block::normed_input(bool mlp) const {
+  const Sublayer& sub = mlp ? mlp_norms_ : attn_norms_;
+  return sub.before ? sub.before->output() : nullptr;
+}
+
+void Block::restore_normed_input(const ParameterStore& store, bool mlp, int64_t n) const {
+  const Sublayer& sub = mlp ? mlp_norms_ : attn_norms_;
+  if (!sub.before) return;
+  sub.before->recompute_output(store, n);
+  if (matmul_input(mlp)) kernels::round_activation(sub.before->output(), n * hidden_);
 }
 
 void Block::backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
@@ -341,7 +353,8 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     // a block is one sublayer packed and one expanded, not both expanded. Every attention is
     // packed, the last one's too, since its MLP's backward runs first; the last MLP is not, its
     // backward being the first to run. Under bf16_activations = "all" each input copy is a
-    // residual tensor that packing rounds to bf16.
+    // residual tensor that packing rounds to bf16. A packed stretch keeps no copy of its pre-norm's
+    // output: the backward writes it again from the norm's input and statistics (drop_normed).
     const bool round_residuals = bf16_activations_ == Bf16Activations::All;
     auto sublayer = [&](size_t part, const float* in, float* dest, bool compact, auto&& f) {
       const Arena::Mark mark = arena_.mark();
@@ -362,6 +375,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
       if (compact) {
         // The stretch's copy of the output is read no more: the next sublayer reads dest.
         packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+        drop_normed(l, part, s.tokens());
         packed_.pack(part, arena_, mark);
       }
       return dest;
@@ -404,8 +418,23 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
       [&](const Arena::Mark& mark, const float* out) {
         // The stretch's copy of the output is read no more: the next block reads the kept copy.
         packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+        drop_normed(l, part, s.tokens());
         packed_.pack(part, arena_, mark);
       });
+}
+
+void TransformerModel::drop_normed(size_t l, size_t part, int64_t n) {
+  // What the norm's saved input and statistics give again, bit for bit: n × hidden values a
+  // stretch need not hold (4 of Qwen3-0.6B's 32 KiB a token and block under "all").
+  float* normed = blocks_[l]->normed_input(part % 2 == 1);
+  if (normed == nullptr) return;
+  packed_.unused(part)->push_back({normed, n * spec_.hidden_size});
+  normed_dropped_[part] = 1;
+}
+
+void TransformerModel::expand(size_t l, size_t part, int64_t n) {
+  packed_.unpack(part);
+  if (normed_dropped_[part]) blocks_[l]->restore_normed_input(store_, part % 2 == 1, n);
 }
 
 void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s) {
@@ -421,10 +450,10 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
         // is dead (later sublayers, the loss; grad is a residual buffer below every stretch), so
         // the sublayer's temporaries go right above it. A stretch in an older block of a growing
         // arena (a first step without reserved address space) leaves them on top (move_to).
-        packed_.unpack(2 * l + 1);
+        expand(l, 2 * l + 1, s.tokens());
         arena_.move_to(expanded_end_[2 * l + 1]);
         block.backward_mlp(store_, arena_, grad, s);
-        packed_.unpack(2 * l);
+        expand(l, 2 * l, s.tokens());
         arena_.move_to(expanded_end_[2 * l]);
         block.backward_attention(store_, arena_, grad, s);
       } else {
@@ -436,7 +465,7 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       block.backward(store_, arena_, grad, s);
       break;
     case Recompute::Attention:
-      if (packing_) packed_.unpack(2 * l + 1);
+      if (packing_) expand(l, 2 * l + 1, s.tokens());
       block.backward_mlp(store_, arena_, grad, s);
       block.forward_attention(store_, arena_, block_inputs_[l], s, max_logit);
       block.backward_attention(store_, arena_, grad, s);
@@ -457,6 +486,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   packing_ = for_backward && bf16_activations_ != Bf16Activations::Fp32 && precision_ == kernels::Precision::Bf16;
   if (packing_) packed_.start(2 * blocks_.size());  // an attention and an MLP stretch a block
   expanded_end_.assign(2 * blocks_.size(), nullptr);
+  normed_dropped_.assign(2 * blocks_.size(), 0);
   // The residual buffers of a packed step without recomputation (forward_block): the embedding
   // output, then the first attention's output in a second buffer, the first MLP's over the
   // embeddings, and so on; below every stretch.

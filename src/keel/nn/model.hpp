@@ -48,6 +48,14 @@ class Block {
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                              KvCache& cache) const;
   KvCache make_cache(int64_t max_rows) const;
+  // The output of the norm before the attention (mlp = false) or before the FFN, as the last
+  // training forward left it (rounded under bf16 where only products read it); null where the
+  // sublayer has no norm before it. bf16 packing drops it from the sublayer's stretch, and
+  // restore_normed_input writes it again from the norm's saved input and statistics before that
+  // sublayer's backward: the same bits, one elementwise pass, instead of n × hidden values held
+  // beside the norm's input from which they follow.
+  float* normed_input(bool mlp) const;
+  void restore_normed_input(const ParameterStore& store, bool mlp, int64_t n) const;
   // The routed-expert FFN of an MoE layer, null for a dense one.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
@@ -55,6 +63,9 @@ class Block {
  private:
   void backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
                          bool attention);
+  // The sublayer reads its normed input only as a product's operand (attention's and a dense
+  // MLP's projections, not a router): under bf16 it is stored rounded.
+  bool matmul_input(bool mlp) const { return !mlp || mlp_.has_value(); }
 
   int64_t hidden_;
   Sublayer attn_norms_, mlp_norms_;
@@ -90,9 +101,9 @@ class TransformerModel {
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
   // bf16 activation storage (nn/packed_activations.hpp): under bf16 precision, what the blocks
-  // save for the backward is held packed as bf16 between forward and backward. Packed by
-  // default; Fp32 keeps those bf16 values in fp32 slots (the same numerics, twice the memory);
-  // All rounds the residual stream's saved copies too (lossy; see Bf16Activations).
+  // save for the backward is held packed as bf16 between forward and backward. All by default
+  // (the residual stream's saved copies rounded too; see Bf16Activations); Packed keeps those
+  // copies fp32 (gradients bit-identical to Fp32); Fp32 keeps the bf16 values in fp32 slots.
   void set_bf16_activations(Bf16Activations a) { bf16_activations_ = a; }
   Bf16Activations bf16_activations() const { return bf16_activations_; }
   // Of the last training step: bytes the packed bf16 tensors would take in fp32, the bytes of
@@ -154,6 +165,10 @@ class TransformerModel {
   // Block l's backward (recomputing first what forward_block dropped): grad holds its output
   // gradient on entry and its input gradient on return.
   void backward_block(size_t l, float* grad, const StepShape& s);
+  // Under packing: declares the normed input of stretch `part` (attention 2l, MLP 2l + 1) unused
+  // before it is packed; expands it before its backward, writing that input again.
+  void drop_normed(size_t l, size_t part, int64_t n);
+  void expand(size_t l, size_t part, int64_t n);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
@@ -174,7 +189,7 @@ class TransformerModel {
   kernels::Precision precision_ = kernels::Precision::Fp32;
   Recompute recompute_ = Recompute::None;
   std::vector<float*> block_inputs_;  // of the last training forward, for recomputation
-  Bf16Activations bf16_activations_ = Bf16Activations::Packed;
+  Bf16Activations bf16_activations_ = Bf16Activations::All;
   bool packing_ = false;  // this training step packs (bf16 precision, activations not Fp32)
   // A packed step without recomputation: the sublayers' outputs alternate between these two (the
   // embedding output and one more buffer), below every packed stretch.
@@ -182,6 +197,9 @@ class TransformerModel {
   // Where each sublayer's stretch (attention 2l, MLP 2l + 1) ended in fp32 in that step's
   // forward: its backward's temporaries go from there.
   std::vector<const float*> expanded_end_;
+  // Of that step, per stretch: its normed input was dropped when it was packed, and is restored
+  // after it is expanded (Block::restore_normed_input).
+  std::vector<char> normed_dropped_;
   PackedActivations packed_;
 };
 

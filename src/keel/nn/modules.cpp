@@ -79,7 +79,21 @@ float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, 
 
 float* Norm::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
   x_ = x;
-  return compute(store, arena, x, n, mean_, rstd_);
+  y_ = compute(store, arena, x, n, mean_, rstd_);
+  return y_;
+}
+
+void Norm::recompute_output(const ParameterStore& store, int64_t n) const {
+  switch (kind_) {
+    case arch::NormKind::RmsNorm: {
+      std::vector<float> scratch(unit_offset_ ? static_cast<size_t>(dim_) : 0);
+      kernels::rmsnorm_apply(x_, gain(store, scratch.data()), rstd_, y_, n, dim_);
+      break;
+    }
+    case arch::NormKind::LayerNorm:
+      kernels::layernorm_apply(x_, store.data(weight_), store.data(bias_), mean_, rstd_, y_, n, dim_);
+      break;
+  }
 }
 
 float* Norm::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {

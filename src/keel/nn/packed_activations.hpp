@@ -1,5 +1,5 @@
 #pragma once
-// bf16 activation storage (run.precision = "bf16", run.bf16_activations = "packed"). Under bf16
+// bf16 activation storage (run.precision = "bf16", run.bf16_activations = "all" or "packed"). Under bf16
 // mixed precision most of what a block saves for its backward is bf16 values already (every
 // round_activation: projections' outputs, q/k/v, the attention output, gate and up),
 // held in fp32 slots. After a sublayer's forward (TransformerModel::forward_block gives each
@@ -29,9 +29,10 @@ namespace keel::nn {
 
 // run.bf16_activations: how a bf16 training step holds what the blocks keep for the backward.
 //   Fp32:   bf16 values in fp32 slots (4 bytes each), the rest fp32.
-//   Packed: the bf16 values in 2 bytes, the residual stream's copies in fp32 (the default:
-//           gradients bit-identical to Fp32).
-//   All:    Packed, plus the residual stream's copies that the backward reads (each block's
+//   Packed: the bf16 values in 2 bytes, the residual stream's copies in fp32 (gradients
+//           bit-identical to Fp32).
+//   All:    the default since 2026-12-07 (experiments/bf16_residual/ saw no cost in loss):
+//           Packed, plus the residual stream's copies that the backward reads (each block's
 //           input and the sums inside it, the norms' inputs) rounded to bf16 when packed, and
 //           no fp32 copy of a block's output left between the blocks. The forward is unchanged
 //           (it reads the fp32 values); the backward reads the rounded ones, as in training

@@ -22,10 +22,12 @@ struct RunConfig {
   kernels::Precision precision = kernels::Precision::Fp32;
   // Activation recomputation: none, attention or blocks (docs/performance.md); same gradients.
   nn::Recompute recompute = nn::Recompute::None;
-  // Under bf16: "packed" holds saved bf16 activations in 2 bytes between forward and backward
-  // (same gradients); "fp32" keeps them in fp32 slots; "all" rounds the residual stream's saved
-  // copies to bf16 too (lossy, the least memory) (nn/packed_activations.hpp, docs/precision.md).
-  std::string bf16_activations = "packed";
+  // Under bf16: "all" (the default) holds what the blocks save for the backward in bf16 between
+  // forward and backward, the residual stream's saved copies rounded to bf16 too (the least
+  // memory; gradients within a bf16 rounding of "packed"); "packed" keeps those copies fp32 and
+  // the rest in 2 bytes (gradients bit-identical to "fp32"); "fp32" keeps everything in fp32 slots
+  // (nn/packed_activations.hpp, docs/precision.md).
+  std::string bf16_activations = "all";
   // [model]
   std::string model_config;               // HF config.json (may carry a "keel" object); default: init_from's
   // A Hugging Face model folder (config.json, model.safetensors or shards, any float dtype) whose
