@@ -11,7 +11,8 @@ attention keeps nothing T × T); the PyTorch reference's eager attention keeps T
 in every layer, so the peer's slope, and the ratios across the two sides, hold for the T given.
 
 Settings measured, each in its own process, interleaved and repeated (median per point):
-- keel fp32, and keel `--precision bf16` with `--bf16-activations packed` (the default) and `all`;
+- keel fp32, and keel `--precision bf16` with `--bf16-activations packed` and `all` (the default since
+  2026-12-07);
 - PyTorch fp32, and PyTorch under torch.autocast("cpu", dtype=torch.bfloat16), as
   train_step_vs_pytorch.py's bf16 cases run it: the fixtures' reference model (HF's modeling code
   written for float64 checks; since 2026-12-06 the nanoGPT-style peers race under autocast too,

@@ -263,6 +263,21 @@ TEST_F(ModelCli, PrecisionFlag) {
   double dot = 0, n32 = 0, n16 = 0;
   for (size_t i = 0; i < g32.size(); ++i) dot += double(g32[i]) * g16[i], n32 += double(g32[i]) * g32[i], n16 += double(g16[i]) * g16[i];
   EXPECT_GE(dot / std::sqrt(n32 * n16), 0.999);
+  // --bf16-activations, as run.bf16_activations: "packed" gives the bits of fp32 slots; "all", the
+  // default, reads the saved residual copies rounded to bf16, so its gradients move a little.
+  for (const char* a : {"fp32", "packed", "all"}) {
+    auto g = run_keel("grad --model " + path("m") + " --tokens " + tokens + " --precision bf16 --bf16-activations " +
+                      a + " --out " + path(std::string("bf16_") + a + ".safetensors"));
+    ASSERT_EQ(g.status, 0) << g.err;
+  }
+  auto q_grad = [&](const std::string& file) {
+    return io::SafetensorsFile::open(path(file)).read_f32("model.layers.0.self_attn.q_proj.weight");
+  };
+  EXPECT_EQ(q_grad("bf16_packed.safetensors"), q_grad("bf16_fp32.safetensors"));
+  EXPECT_EQ(q_grad("bf16_all.safetensors"), q_grad("bf16.safetensors"));
+  EXPECT_NE(q_grad("bf16_all.safetensors"), q_grad("bf16_packed.safetensors"));
+  EXPECT_NE(run_keel("grad --model " + path("m") + " --tokens " + tokens + " --precision bf16 --bf16-activations half --out " +
+                     path("x.safetensors")).status, 0);
   auto b = run_keel("bench --config " + source_path("configs/tiny/qwen3.json") +
                     " --batch 2 --seq 32 --steps 1 --warmup 0 --precision bf16 --json");
   ASSERT_EQ(b.status, 0) << b.err;

@@ -139,9 +139,6 @@ TEST(NormKernel, WeightGradientsOverManyRowsMatchSumsForAnyTeam) {
   }
 }
 
-// Overwriting (QK-Norm's backward, the only writer of dq_raw and dk_raw) gives what accumulating
-// into zeros gives, bit for bit, and never reads the buffer it writes (NaN here, as an unzeroed
-// arena slot may hold); the weight gradient still accumulates.
 // A norm's output dropped between forward and backward is recomputed from the saved statistics:
 // the very bits, or the backward's products would read other values than the forward's. Rows of
 // a width with a vector tail, with and without a gain (and LayerNorm's bias).
@@ -165,6 +162,9 @@ TEST(NormKernel, ApplyGivesTheForwardsBitsFromItsStatistics) {
   }
 }
 
+// Overwriting (QK-Norm's backward, the only writer of dq_raw and dk_raw) gives what accumulating
+// into zeros gives, bit for bit, and never reads the buffer it writes (NaN here, as an unzeroed
+// arena slot may hold); the weight gradient still accumulates.
 TEST(NormKernel, RmsNormOverwriteEqualsAccumulatingIntoZeros) {
   const int64_t rows = 37, dim = 64;
   const auto x = random_vector(size_t(rows * dim), 21, -2.f, 2.f), w = random_vector(size_t(dim), 22, 0.5f, 1.5f);

@@ -146,16 +146,21 @@ void register_grad(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "grad", "Write the fp32 gradient of the training objective (mean CE + z-loss) for every parameter");
   struct Options {
-    std::string model, tokens, out, precision = "fp32";
+    std::string model, tokens, out, precision = "fp32", bf16_activations = "all";
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors or shards) or run folder (its newest checkpoint)")->required();
   add_precision_option(cmd, o->precision);
+  cmd->add_option("--bf16-activations", o->bf16_activations,
+                  "with --precision bf16: all (the default), packed (gradients bit-identical to fp32 slots) or fp32, "
+                  "as run.bf16_activations")
+      ->check(CLI::IsMember({"packed", "fp32", "all"}));
   cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
   cmd->add_option("--out", o->out, "safetensors file to write, tensors under the weights' names")->required();
   cmd->callback([o] {
     io::LoadedModel m = train::load_model_source(train::resolve_model_source(o->model));
     m.model->set_precision(*kernels::parse_precision(o->precision));
+    m.model->set_bf16_activations(*nn::parse_bf16_activations(o->bf16_activations));
     auto lines = read_tokens_for(*m.model, o->tokens);
     if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
     auto& store = m.model->parameters();

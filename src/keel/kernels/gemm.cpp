@@ -791,7 +791,7 @@ std::string bf16_emulation_note(Bf16GemmChoice choice, const Bf16CpuTraits& cpu)
   if (choose_bf16_gemm_path(choice, cpu) == Bf16GemmPath::Native) return "";
   const std::string numerics =
       "bf16 matmuls are emulated (operands rounded to bf16, then multiplied by the fp32 kernels), which gives "
-      "bf16's numerics and its memory (saved activations held in bf16: 0.46x fp32's activation memory a token at Qwen3-0.6B's shape)";
+      "bf16's numerics and its memory (saved activations held in bf16: under half of fp32's activation memory a token at Qwen3-0.6B's shape, with the default storage and no recomputation)";
   if (cpu.native_available && choice != Bf16GemmChoice::Portable) {
     // Available but not paying: an Intel CPU whose AMX tiles oneDNN cannot use.
     return "this CPU has AVX512-BF16 but no AMX that oneDNN may use, and there oneDNN's bf16 products run at about "

@@ -9,8 +9,9 @@
 // out right after the compacted copy. Before its backward the stretch is expanded back to where
 // it was, so every pointer the modules hold is valid again; what it overwrites then (later
 // stretches' copies) is dead by that time. Tensors declared unused after the forward (the
-// sublayer's output, once copied out of the stretch for the next one) are dropped from the copy
-// altogether and come back as NaN (the backward never reads them). Memory: the compacted copies
+// sublayer's output, once copied out of the stretch for the next one; the normed input, which the
+// model writes again after the expansion) are dropped from the copy altogether and come back as
+// NaN (the backward never reads them as they come back). Memory: the compacted copies
 // plus one sublayer expanded, instead of every block in fp32. Nothing is
 // rounded that was not already rounded: gradients are bit-identical to keeping the values in fp32
 // slots (tested, which also catches a tensor wrongly declared unused).
