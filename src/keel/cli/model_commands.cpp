@@ -91,6 +91,15 @@ void add_precision_option(CLI::App* cmd, std::string& precision) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
 }
 
+// run.bf16_activations on the commands that run training steps (bench, grad).
+void add_bf16_activations_option(CLI::App* cmd, std::string& storage) {
+  cmd->add_option("--bf16-activations", storage,
+                  "with --precision bf16: all (what the blocks save held in bf16, the residual stream's copies "
+                  "rounded too; the default), packed (the residual stream's copies fp32, gradients bit-identical "
+                  "to fp32 slots) or fp32 (bf16 values in fp32 slots; run.bf16_activations)")
+      ->check(CLI::IsMember({"all", "packed", "fp32"}));
+}
+
 void register_eval(CLI::App& app) {
   auto* cmd = app.add_subcommand("eval", "Mean next-token cross-entropy of a model on a token file");
   struct Options {
@@ -151,10 +160,7 @@ void register_grad(CLI::App& app) {
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors or shards) or run folder (its newest checkpoint)")->required();
   add_precision_option(cmd, o->precision);
-  cmd->add_option("--bf16-activations", o->bf16_activations,
-                  "with --precision bf16: all (the default), packed (gradients bit-identical to fp32 slots) or fp32, "
-                  "as run.bf16_activations")
-      ->check(CLI::IsMember({"packed", "fp32", "all"}));
+  add_bf16_activations_option(cmd, o->bf16_activations);
   cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
   cmd->add_option("--out", o->out, "safetensors file to write, tensors under the weights' names")->required();
   cmd->callback([o] {
@@ -395,11 +401,7 @@ void register_bench(CLI::App& app) {
   add_precision_option(cmd, o->precision);
   cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
       ->check(CLI::IsMember({"none", "attention", "blocks"}));
-  cmd->add_option("--bf16-activations", o->bf16_activations,
-                  "with --precision bf16: all (what the blocks save held in bf16, the residual stream's copies "
-                  "rounded too; the default), packed (the residual stream's copies fp32, gradients bit-identical "
-                  "to fp32 slots) or fp32 (bf16 values in fp32 slots; run.bf16_activations)")
-      ->check(CLI::IsMember({"packed", "fp32", "all"}));
+  add_bf16_activations_option(cmd, o->bf16_activations);
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->add_flag("--peak", o->peak,
                 "after the steps, measure this CPU's fp32 FMA peak (at the width the products run) and keel's gemm on "
