@@ -486,9 +486,8 @@ void register_bench(CLI::App& app) {
       out["recompute"] = o->recompute;
       if (o->precision == "bf16") {
         out["bf16_activations"] = o->bf16_activations;
-        // What the steps stored ("all" is "packed" under recomputation).
-        out["bf16_activations_stored"] = std::string(nn::bf16_activations_name(
-            nn::effective_bf16_activations(model.bf16_activations(), model.recompute())));
+        // What the steps stored: the setting, under every recompute mode.
+        out["bf16_activations_stored"] = std::string(nn::bf16_activations_name(model.bf16_activations()));
       }
       // bf16 activation storage: the blocks' compacted stretches of the arena at the end of the
       // forward, what their bf16 tensors alone would take in fp32, and the fp32 bytes of the

@@ -8,15 +8,43 @@
 
 #include "keel/core/error.hpp"
 #include "keel/core/parallel_fill.hpp"
+#include "keel/core/stage_timer.hpp"
 #include "keel/kernels/cross_entropy.hpp"
 #include "keel/kernels/embedding.hpp"
 #include "keel/kernels/gemm.hpp"
+#include "keel/kernels/precision.hpp"
 
 namespace keel::nn {
 
 namespace {
 
 using arch::TensorKind;
+
+// Over the team in 128 KiB slices (parallel_fill.cpp's reasons), on the packing stage's clock.
+template <class Body>
+void over_slices(size_t count, Body body) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
+  constexpr size_t kSlice = size_t{1} << 15;
+  const int64_t slices = static_cast<int64_t>((count + kSlice - 1) / kSlice);
+#pragma omp parallel for schedule(dynamic, 1) if (slices > 1)
+  for (int64_t k = 0; k < slices; ++k) {
+    const size_t b = static_cast<size_t>(k) * kSlice;
+    body(b, static_cast<int64_t>(std::min(count, b + kSlice) - b));
+  }
+}
+
+// x rounded to bf16 in place and its words written to kept: the forward then reads exactly what
+// expand_bf16 gives back.
+void keep_as_bf16(float* x, uint16_t* kept, size_t count) {
+  over_slices(count, [&](size_t b, int64_t m) {
+    kernels::pack_bf16(x + b, kept + b, m);
+    kernels::unpack_bf16(kept + b, x + b, m);
+  });
+}
+
+void expand_bf16(const uint16_t* kept, float* x, size_t count) {
+  over_slices(count, [&](size_t b, int64_t m) { kernels::unpack_bf16(kept + b, x + b, m); });
+}
 
 // Builds the norms of one sublayer for the configured placement, by role: pre uses
 // input_layernorm before attention and post_attention_layernorm before the FFN (GPT-2's ln_1 and
@@ -344,47 +372,68 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
   Block& block = *blocks_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  // A packed step without recomputation (and the MLPs of recompute = attention under "all"):
+  // each sublayer runs in a stretch of its own (packed_activations.hpp), on a copy of its
+  // input made at the stretch's start, and its output goes to the residual buffer its input is
+  // not in, outside every stretch: nothing fp32 of the residual stream stays between two
+  // stretches. The backward expands one sublayer at a time, the MLP's and then the attention's
+  // over it, with its temporaries right above the one expanded (backward_block): at its peak
+  // a block is one sublayer packed and one expanded, not both expanded. Every attention is
+  // packed, the last one's too, since its MLP's backward runs first; the last MLP is not, its
+  // backward being the first to run. Under bf16_activations = "all" each input copy is a
+  // residual tensor that packing rounds to bf16. A packed stretch keeps no copy of its pre-norm's
+  // output: the backward writes it again from the norm's input and statistics (drop_normed).
+  const bool round_residuals = bf16_activations_ == Bf16Activations::All;
+  auto sublayer = [&](size_t part, const float* in, float* dest, bool compact, auto&& f) {
+    const Arena::Mark mark = arena_.mark();
+    const float* out = nullptr;
+    {
+      kernels::Bf16Capture capture(packed_.capture(part), round_residuals);
+      float* input = arena_.alloc(size);
+      parallel_copy(input, in, size);
+      kernels::keep_residual_as_bf16(input, static_cast<int64_t>(size));
+      out = f(input);
+    }
+    parallel_copy(dest, out, size);
+    // The output is dead once copied: where it is the stretch's last allocation (the projection
+    // that the residual sum took over), the backward's temporaries may start at it.
+    const float* end = arena_.top();
+    const bool output_last = out < end && end - out == static_cast<ptrdiff_t>(Arena::padded(size));
+    expanded_end_[part] = output_last ? out : end;
+    if (compact) {
+      // The stretch's copy of the output is read no more: the next sublayer reads dest.
+      packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+      drop_normed(l, part, s.tokens());
+      packed_.pack(part, arena_, mark);
+    }
+    return dest;
+  };
+  float* other = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
   if (packing_ && recompute_ == Recompute::None) {
-    // Each sublayer runs in a stretch of its own (packed_activations.hpp), on a copy of its
-    // input made at the stretch's start, and its output goes to the residual buffer its input is
-    // not in, outside every stretch: nothing fp32 of the residual stream stays between two
-    // stretches. The backward expands one sublayer at a time, the MLP's and then the attention's
-    // over it, with its temporaries right above the one expanded (backward_block): at its peak
-    // a block is one sublayer packed and one expanded, not both expanded. Every attention is
-    // packed, the last one's too, since its MLP's backward runs first; the last MLP is not, its
-    // backward being the first to run. Under bf16_activations = "all" each input copy is a
-    // residual tensor that packing rounds to bf16. A packed stretch keeps no copy of its pre-norm's
-    // output: the backward writes it again from the norm's input and statistics (drop_normed).
-    const bool round_residuals = bf16_activations_ == Bf16Activations::All;
-    auto sublayer = [&](size_t part, const float* in, float* dest, bool compact, auto&& f) {
-      const Arena::Mark mark = arena_.mark();
-      const float* out = nullptr;
-      {
-        kernels::Bf16Capture capture(packed_.capture(part), round_residuals);
-        float* input = arena_.alloc(size);
-        parallel_copy(input, in, size);
-        kernels::keep_residual_as_bf16(input, static_cast<int64_t>(size));
-        out = f(input);
-      }
-      parallel_copy(dest, out, size);
-      // The output is dead once copied: where it is the stretch's last allocation (the projection
-      // that the residual sum took over), the backward's temporaries may start at it.
-      const float* end = arena_.top();
-      const bool output_last = out < end && end - out == static_cast<ptrdiff_t>(Arena::padded(size));
-      expanded_end_[part] = output_last ? out : end;
-      if (compact) {
-        // The stretch's copy of the output is read no more: the next sublayer reads dest.
-        packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
-        drop_normed(l, part, s.tokens());
-        packed_.pack(part, arena_, mark);
-      }
-      return dest;
-    };
-    float* other = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
     float* x1 = sublayer(2 * l, x, other, true, [&](const float* in) {
       return block.forward_attention(store_, arena_, in, s, max_logit);
     });
     return sublayer(2 * l + 1, x1, x, l + 1 < blocks_.size(),
+                    [&](const float* in) { return block.forward_mlp(store_, arena_, in, s); });
+  }
+  if (for_backward && kept_inputs_bf16()) {
+    // Recomputation under bf16_activations = "all": the block's input, rounded to bf16 in place
+    // so that the forward reads what the recomputation will, is kept in 2 bytes a value; the
+    // outputs alternate between the residual buffers below every stretch, as without
+    // recomputation. Blocks recomputes the whole block from it; attention recomputes the
+    // attention and packs the MLP's stretch, its input copy rounded as without recomputation.
+    auto* kept = reinterpret_cast<uint16_t*>(arena_.alloc((size + 1) / 2));
+    keep_as_bf16(x, kept, size);
+    block_inputs_bf16_[l] = kept;
+    const Arena::Mark mark = arena_.mark();
+    if (recompute_ == Recompute::Blocks) {
+      parallel_copy(other, block.forward(store_, arena_, x, s, max_logit), size);
+      arena_.release(mark);
+      return other;
+    }
+    parallel_copy(other, block.forward_attention(store_, arena_, x, s, max_logit), size);
+    arena_.release(mark);
+    return sublayer(2 * l + 1, other, x, l + 1 < blocks_.size(),
                     [&](const float* in) { return block.forward_mlp(store_, arena_, in, s); });
   }
   // Runs part of the block in its own stretch of the arena, copies the part's output to a buffer
@@ -421,6 +470,18 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
         drop_normed(l, part, s.tokens());
         packed_.pack(part, arena_, mark);
       });
+}
+
+bool TransformerModel::kept_inputs_bf16() const {
+  return packing_ && recompute_ != Recompute::None && bf16_activations_ == Bf16Activations::All;
+}
+
+const float* TransformerModel::block_input(size_t l, const StepShape& s) {
+  if (block_inputs_bf16_[l] == nullptr) return block_inputs_[l];
+  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  float* x = arena_.alloc(size);  // given back with the block's backward temporaries
+  expand_bf16(block_inputs_bf16_[l], x, size);
+  return x;
 }
 
 void TransformerModel::drop_normed(size_t l, size_t part, int64_t n) {
@@ -461,13 +522,13 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       }
       break;
     case Recompute::Blocks:
-      block.forward(store_, arena_, block_inputs_[l], s, max_logit);  // the same values again
+      block.forward(store_, arena_, block_input(l, s), s, max_logit);  // the same values again
       block.backward(store_, arena_, grad, s);
       break;
     case Recompute::Attention:
       if (packing_) expand(l, 2 * l + 1, s.tokens());
       block.backward_mlp(store_, arena_, grad, s);
-      block.forward_attention(store_, arena_, block_inputs_[l], s, max_logit);
+      block.forward_attention(store_, arena_, block_input(l, s), s, max_logit);
       block.backward_attention(store_, arena_, grad, s);
       break;
   }
@@ -483,6 +544,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   embed(tokens, s, x);
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
   block_inputs_.assign(blocks_.size(), nullptr);
+  block_inputs_bf16_.assign(blocks_.size(), nullptr);
   packing_ = for_backward && bf16_activations_ != Bf16Activations::Fp32 && precision_ == kernels::Precision::Bf16;
   if (packing_) packed_.start(2 * blocks_.size());  // an attention and an MLP stretch a block
   expanded_end_.assign(2 * blocks_.size(), nullptr);
@@ -491,7 +553,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   // output, then the first attention's output in a second buffer, the first MLP's over the
   // embeddings, and so on; below every stretch.
   residual_buffers_[0] = residual_buffers_[1] = nullptr;
-  if (packing_ && recompute_ == Recompute::None) {
+  if (packing_ && (recompute_ == Recompute::None || kept_inputs_bf16())) {
     residual_buffers_[0] = x;
     residual_buffers_[1] = arena_.alloc(static_cast<size_t>(n * h));
   }
@@ -628,7 +690,6 @@ std::vector<std::string> run_start_notes(const TransformerModel& model) {
   std::vector<std::string> notes = {kernels::openblas_core_note()};
   if (model.precision() == kernels::Precision::Bf16) {
     notes.push_back(kernels::bf16_emulation_note());
-    notes.push_back(bf16_activations_note(model.bf16_activations(), model.recompute()));
   }
   std::erase_if(notes, [](const std::string& n) { return n.empty(); });
   return notes;

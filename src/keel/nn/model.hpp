@@ -168,6 +168,12 @@ class TransformerModel {
   // Under packing: declares the normed input of stretch `part` (attention 2l, MLP 2l + 1) unused
   // before it is packed; expands it before its backward, writing that input again.
   void drop_normed(size_t l, size_t part, int64_t n);
+  // Under recomputation with bf16_activations = "all": each block's input is kept in bf16
+  // (block_inputs_bf16_), rounded in place first so that the forward reads those values too.
+  bool kept_inputs_bf16() const;
+  // Block l's input for its recomputation: the kept fp32 one, or the bf16 one expanded into a
+  // buffer on top of the arena.
+  const float* block_input(size_t l, const StepShape& s);
   void expand(size_t l, size_t part, int64_t n);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
@@ -189,10 +195,12 @@ class TransformerModel {
   kernels::Precision precision_ = kernels::Precision::Fp32;
   Recompute recompute_ = Recompute::None;
   std::vector<float*> block_inputs_;  // of the last training forward, for recomputation
+  std::vector<uint16_t*> block_inputs_bf16_;  // ... in 2 bytes a value (kept_inputs_bf16)
   Bf16Activations bf16_activations_ = Bf16Activations::All;
   bool packing_ = false;  // this training step packs (bf16 precision, activations not Fp32)
-  // A packed step without recomputation: the sublayers' outputs alternate between these two (the
-  // embedding output and one more buffer), below every packed stretch.
+  // A packed step without recomputation, or with it and block inputs kept in bf16: the
+  // sublayers' (or blocks') outputs alternate between these two (the embedding output and one
+  // more buffer), below every packed stretch.
   float* residual_buffers_[2] = {nullptr, nullptr};
   // Where each sublayer's stretch (attention 2l, MLP 2l + 1) ended in fp32 in that step's
   // forward: its backward's temporaries go from there.

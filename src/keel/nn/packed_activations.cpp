@@ -126,18 +126,6 @@ std::string_view bf16_activations_name(Bf16Activations a) {
   return "packed";
 }
 
-Bf16Activations effective_bf16_activations(Bf16Activations a, Recompute r) {
-  return a == Bf16Activations::All && r != Recompute::None ? Bf16Activations::Packed : a;
-}
-
-std::string bf16_activations_note(Bf16Activations a, Recompute r) {
-  if (effective_bf16_activations(a, r) == a) return "";
-  return "bf16_activations = \"" + std::string(bf16_activations_name(a)) + "\" under recompute = \"" +
-         std::string(recompute_name(r)) + "\" stores as \"" +
-         std::string(bf16_activations_name(effective_bf16_activations(a, r))) +
-         "\": the recomputation reads the block inputs, which stay fp32";
-}
-
 void PackedActivations::start(size_t blocks) {
   spans_.assign(blocks, {});
   unused_.assign(blocks, {});

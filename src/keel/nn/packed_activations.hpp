@@ -38,16 +38,12 @@ namespace keel::nn {
 //           no fp32 copy of a block's output left between the blocks. The forward is unchanged
 //           (it reads the fp32 values); the backward reads the rounded ones, as in training
 //           with a bf16 residual stream (Megatron-LM's default, fp32_residual_connection off).
-//           Under recompute = attention or blocks the block inputs stay fp32 for the
-//           recomputation, and All is Packed.
+//           Under recompute = attention or blocks, each block's input, which the
+//           recomputation starts from, is kept in bf16 too, and the forward reads it rounded
+//           (TransformerModel::kept_inputs_bf16), so the recomputation sees the forward's values.
 enum class Bf16Activations { Fp32, Packed, All };
 std::optional<Bf16Activations> parse_bf16_activations(std::string_view name);
 std::string_view bf16_activations_name(Bf16Activations a);
-// What a step under `recompute` stores: All is Packed unless nothing is recomputed.
-Bf16Activations effective_bf16_activations(Bf16Activations a, Recompute r);
-// A line for the start of a run where the setting asked for is not what a step stores; empty
-// otherwise.
-std::string bf16_activations_note(Bf16Activations a, Recompute r);
 
 namespace detail {
 // How PackedActivations moves one piece of `count` values between its fp32 place and its compacted
