@@ -95,7 +95,8 @@ void add_precision_option(CLI::App* cmd, std::string& precision) {
 void add_bf16_activations_option(CLI::App* cmd, std::string& storage) {
   cmd->add_option("--bf16-activations", storage,
                   "with --precision bf16: all (what the blocks save held in bf16, the residual stream's copies "
-                  "rounded too; the default), packed (the residual stream's copies fp32, gradients bit-identical "
+                  "rounded too, and under --recompute the kept block inputs, which the forward reads rounded; the "
+                  "default), packed (the residual stream's copies fp32, gradients bit-identical "
                   "to fp32 slots) or fp32 (bf16 values in fp32 slots; run.bf16_activations)")
       ->check(CLI::IsMember({"all", "packed", "fp32"}));
 }
