@@ -476,6 +476,11 @@ bool TransformerModel::kept_inputs_bf16() const {
   return packing_ && recompute_ != Recompute::None && bf16_activations_ == Bf16Activations::All;
 }
 
+const float* TransformerModel::kept_input_end(size_t l, const StepShape& s) const {
+  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  return reinterpret_cast<const float*>(block_inputs_bf16_[l]) + Arena::padded((size + 1) / 2);
+}
+
 const float* TransformerModel::block_input(size_t l, const StepShape& s) {
   if (block_inputs_bf16_[l] == nullptr) return block_inputs_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
@@ -522,12 +527,19 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       }
       break;
     case Recompute::Blocks:
+      // With the inputs kept in bf16 everything above block l's own is dead (later blocks' inputs,
+      // the loss; grad is a residual buffer below them all): the recomputation goes right there.
+      if (kept_inputs_bf16()) arena_.move_to(kept_input_end(l, s));
       block.forward(store_, arena_, block_input(l, s), s, max_logit);  // the same values again
       block.backward(store_, arena_, grad, s);
       break;
     case Recompute::Attention:
       if (packing_) expand(l, 2 * l + 1, s.tokens());
+      // With the inputs kept in bf16, as without recomputation: the MLP's temporaries right above
+      // its expanded stretch, and then the attention's recomputation over that dead stretch.
+      if (kept_inputs_bf16()) arena_.move_to(expanded_end_[2 * l + 1]);
       block.backward_mlp(store_, arena_, grad, s);
+      if (kept_inputs_bf16()) arena_.move_to(kept_input_end(l, s));
       block.forward_attention(store_, arena_, block_input(l, s), s, max_logit);
       block.backward_attention(store_, arena_, grad, s);
       break;
@@ -551,7 +563,9 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   normed_dropped_.assign(2 * blocks_.size(), 0);
   // The residual buffers of a packed step without recomputation (forward_block): the embedding
   // output, then the first attention's output in a second buffer, the first MLP's over the
-  // embeddings, and so on; below every stretch.
+  // embeddings, and so on; below every stretch. With recomputation and the block inputs kept in
+  // bf16 the same two: under blocks each block's output goes to the one its input is not in;
+  // under attention the attention's output to the second and the MLP's back to the first.
   residual_buffers_[0] = residual_buffers_[1] = nullptr;
   if (packing_ && (recompute_ == Recompute::None || kept_inputs_bf16())) {
     residual_buffers_[0] = x;
@@ -595,9 +609,10 @@ LossSums TransformerModel::forward_backward(const int32_t* tokens, const int32_t
   // its input gradient in place. With a final norm it is the norm's output hf, dead once the loss
   // has read it (a norm's backward reads its input), and dhf is given back after the norm's
   // backward: no hidden-wide buffer beyond hf under the blocks' backward.
-  // A packed step without recomputation carries it in the residual buffer that does not hold the
-  // last block's output, below every stretch: nothing above the stretch a block's backward
-  // expands is live then, and its temporaries go right above it (backward_block).
+  // A packed step without recomputation, or with it and the block inputs kept in bf16, carries it
+  // in the residual buffer that does not hold the last block's output, below every stretch:
+  // nothing above the stretch a block's backward expands (or above its kept input) is live then,
+  // and its temporaries go right above it (backward_block); hf is dead and built over.
   float* dx = dhf;
   float* below_stretches = residual_buffers_[0] == nullptr     ? nullptr
                            : residual_buffers_[0] == last_block_out_ ? residual_buffers_[1]

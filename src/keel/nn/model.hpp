@@ -174,6 +174,9 @@ class TransformerModel {
   // Block l's input for its recomputation: the kept fp32 one, or the bf16 one expanded into a
   // buffer on top of the arena.
   const float* block_input(size_t l, const StepShape& s);
+  // Just past block l's input kept in bf16: where its MLP's stretch began under recompute =
+  // attention, and where the backward's recomputation may start once what lies above is dead.
+  const float* kept_input_end(size_t l, const StepShape& s) const;
   void expand(size_t l, size_t part, int64_t n);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;

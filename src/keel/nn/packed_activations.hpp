@@ -35,9 +35,10 @@ namespace keel::nn {
 //   All:    the default since 2026-12-07 (experiments/bf16_residual/ saw no cost in loss):
 //           Packed, plus the residual stream's copies that the backward reads (each block's
 //           input and the sums inside it, the norms' inputs) rounded to bf16 when packed, and
-//           no fp32 copy of a block's output left between the blocks. The forward is unchanged
-//           (it reads the fp32 values); the backward reads the rounded ones, as in training
-//           with a bf16 residual stream (Megatron-LM's default, fp32_residual_connection off).
+//           no fp32 copy of a block's output left between the blocks. Without recomputation the
+//           forward is unchanged (it reads the fp32 values); the backward reads the rounded
+//           ones, as in training with a bf16 residual stream (Megatron-LM's default,
+//           fp32_residual_connection off).
 //           Under recompute = attention or blocks, each block's input, which the
 //           recomputation starts from, is kept in bf16 too, and the forward reads it rounded
 //           (TransformerModel::kept_inputs_bf16), so the recomputation sees the forward's values.

@@ -9,7 +9,10 @@ namespace keel::nn {
 // activations and recomputes the attention sublayer (norm, projections, RoPE, attention, output
 // projection) during the backward; Blocks keeps only each block's input and recomputes the
 // whole block (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
-// recomputation is the same computation, so gradients are bit-identical in all three.
+// recomputation is the same computation, so gradients are bit-identical in all three, in fp32
+// and under bf16 with run.bf16_activations = "packed" or "fp32". Under bf16 "all" each block's
+// input is kept in bf16 and the training forward reads it rounded (TransformerModel::
+// kept_inputs_bf16), so attention and blocks give one step and none a slightly different one.
 enum class Recompute { None, Attention, Blocks };
 std::optional<Recompute> parse_recompute(std::string_view name);
 std::string_view recompute_name(Recompute r);
