@@ -333,10 +333,7 @@ TEST_P(PackedAllResidual, ForwardKeepsItsBitsAndGradientsMoveByBf16Rounding) {
   const AllCase& c = GetParam();
   const TwoSteps packed = run(c.config, Bf16Activations::Packed, Recompute::None, 2, 8, c.overrides);
   const TwoSteps all = run(c.config, Bf16Activations::All, Recompute::None, 2, 8, c.overrides);
-  EXPECT_EQ(packed.ce, all.ce);
-  expect_same_bits(packed.max_logits, all.max_logits, "max logits");
-  expect_same_bits(packed.expert_load, all.expert_load, "expert load");
-  EXPECT_EQ(packed.activation_ms, all.activation_ms);
+  two_steps::expect_same_forward(packed, all);
   EXPECT_GT(all.packed_fp32, packed.packed_fp32);
   ASSERT_EQ(packed.grads.size(), all.grads.size());
   size_t differ = 0;
@@ -360,10 +357,7 @@ TEST_P(PackedAllResidual, ForwardKeepsItsBitsAndGradientsMoveByBf16Rounding) {
   const TwoSteps fp32 = two_steps::run_two_steps(c.config, [](TransformerModel&) {}, 2, 8, c.overrides);
   const TwoSteps all_attention = run(c.config, Bf16Activations::All, Recompute::Attention, 2, 8, c.overrides);
   const TwoSteps all_blocks = run(c.config, Bf16Activations::All, Recompute::Blocks, 2, 8, c.overrides);
-  EXPECT_EQ(all_attention.ce, all_blocks.ce);
-  expect_same_bits(all_attention.max_logits, all_blocks.max_logits, "max logits");
-  expect_same_bits(all_attention.expert_load, all_blocks.expert_load, "expert load");
-  EXPECT_EQ(all_attention.activation_ms, all_blocks.activation_ms);
+  two_steps::expect_same_forward(all_attention, all_blocks);
   for (const TwoSteps* r : {&all_attention, &all_blocks}) {
     SCOPED_TRACE(r == &all_attention ? "attention" : "blocks");
     ASSERT_EQ(r->grads.size(), packed.grads.size());

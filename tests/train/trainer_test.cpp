@@ -73,6 +73,18 @@ class Trainer : public ::testing::Test {
     while (std::getline(in, line)) out.push_back(json::parse(line));
     return out;
   }
+  // The run with `extra` for `steps` steps straight, and stopped after `stop` and resumed: the
+  // metrics of both.
+  std::pair<std::vector<json>, std::vector<json>> straight_and_resumed(const std::string& extra, int stop, int steps) {
+    const std::string to = " --set run.steps=" + std::to_string(steps);
+    auto full = testing::run_keel(run_cmd((dir_ / "full").string(), extra + to));
+    EXPECT_EQ(full.status, 0) << full.err;
+    auto part = testing::run_keel(run_cmd((dir_ / "part").string(), extra + " --set run.steps=" + std::to_string(stop)));
+    EXPECT_EQ(part.status, 0) << part.err;
+    auto rest = testing::run_keel("train --resume " + (dir_ / "part").string() + to);
+    EXPECT_EQ(rest.status, 0) << rest.err;
+    return {metrics(dir_ / "full"), metrics(dir_ / "part")};
+  }
   fs::path dir_;
 };
 
@@ -172,14 +184,8 @@ TEST_F(Trainer, MuonRunLearnsAndResumesExactly) {
   // Constant LR: with a cosine, stopping at 8 would change the schedule itself.
   const std::string muon =
       "--set optimizer.name=muon --set optimizer.lr=0.02 --set checkpoint.every=4 --set schedule.kind=constant";
-  auto full = testing::run_keel(run_cmd((dir_ / "full").string(), muon + " --set run.steps=12"));
-  ASSERT_EQ(full.status, 0) << full.err;
   // Stop at 8, then continue to 12: momentum, AdamW moments and step counts come from the checkpoint.
-  auto part = testing::run_keel(run_cmd((dir_ / "part").string(), muon + " --set run.steps=8"));
-  ASSERT_EQ(part.status, 0) << part.err;
-  auto rest = testing::run_keel("train --resume " + (dir_ / "part").string() + " --set run.steps=12");
-  ASSERT_EQ(rest.status, 0) << rest.err;
-  const auto a = metrics(dir_ / "full"), b = metrics(dir_ / "part");
+  const auto [a, b] = straight_and_resumed(muon, 8, 12);
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << "step " << i + 1;
@@ -200,13 +206,7 @@ TEST_F(Trainer, Bf16RecomputedRunLearnsAndResumesExactly) {
   const std::string bf16 =
       "--set run.precision=bf16 --set run.recompute=blocks --set batch.grad_accum=2 --set checkpoint.every=4 "
       "--set schedule.kind=constant";
-  auto full = testing::run_keel(run_cmd((dir_ / "full").string(), bf16 + " --set run.steps=12"));
-  ASSERT_EQ(full.status, 0) << full.err;
-  auto part = testing::run_keel(run_cmd((dir_ / "part").string(), bf16 + " --set run.steps=8"));
-  ASSERT_EQ(part.status, 0) << part.err;
-  auto rest = testing::run_keel("train --resume " + (dir_ / "part").string() + " --set run.steps=12");
-  ASSERT_EQ(rest.status, 0) << rest.err;
-  const auto a = metrics(dir_ / "full"), b = metrics(dir_ / "part");
+  const auto [a, b] = straight_and_resumed(bf16, 8, 12);
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) {
