@@ -419,7 +419,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   if (for_backward && kept_inputs_bf16()) {
     // Recomputation under bf16_activations = "all": the block's input, rounded to bf16 in place
     // so that the forward reads what the recomputation will, is kept in 2 bytes a value; the
-    // outputs alternate between the residual buffers below every stretch, as without
+    // stream between blocks lives in the two residual buffers below every stretch, as without
     // recomputation. Blocks recomputes the whole block from it; attention recomputes the
     // attention and packs the MLP's stretch, its input copy rounded as without recomputation.
     auto* kept = reinterpret_cast<uint16_t*>(arena_.alloc((size + 1) / 2));
