@@ -20,30 +20,19 @@ namespace {
 
 using arch::TensorKind;
 
-// Over the team in 128 KiB slices (parallel_fill.cpp's reasons), on the packing stage's clock.
-template <class Body>
-void over_slices(size_t count, Body body) {
-  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
-  constexpr size_t kSlice = size_t{1} << 15;
-  const int64_t slices = static_cast<int64_t>((count + kSlice - 1) / kSlice);
-#pragma omp parallel for schedule(dynamic, 1) if (slices > 1)
-  for (int64_t k = 0; k < slices; ++k) {
-    const size_t b = static_cast<size_t>(k) * kSlice;
-    body(b, static_cast<int64_t>(std::min(count, b + kSlice) - b));
-  }
-}
-
 // x rounded to bf16 in place and its words written to kept: the forward then reads exactly what
 // expand_bf16 gives back.
 void keep_as_bf16(float* x, uint16_t* kept, size_t count) {
-  over_slices(count, [&](size_t b, int64_t m) {
-    kernels::pack_bf16(x + b, kept + b, m);
-    kernels::unpack_bf16(kept + b, x + b, m);
+  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
+  parallel_chunks(count, [&](size_t b, size_t e) {
+    kernels::pack_bf16(x + b, kept + b, static_cast<int64_t>(e - b));
+    kernels::unpack_bf16(kept + b, x + b, static_cast<int64_t>(e - b));
   });
 }
 
 void expand_bf16(const uint16_t* kept, float* x, size_t count) {
-  over_slices(count, [&](size_t b, int64_t m) { kernels::unpack_bf16(kept + b, x + b, m); });
+  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
+  parallel_chunks(count, [&](size_t b, size_t e) { kernels::unpack_bf16(kept + b, x + b, static_cast<int64_t>(e - b)); });
 }
 
 // Builds the norms of one sublayer for the configured placement, by role: pre uses
