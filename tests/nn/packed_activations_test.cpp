@@ -271,15 +271,42 @@ TwoSteps run(const std::string& config, Bf16Activations storage, Recompute r, in
 class PackedActivationsMatch : public testing::TestWithParam<const char*> {};
 
 TEST_P(PackedActivationsMatch, GradientsAndStatsKeepTheirBits) {
-  for (Recompute r : {Recompute::None, Recompute::Attention}) {
+  for (Recompute r : {Recompute::None, Recompute::Attention, Recompute::Blocks}) {
     SCOPED_TRACE(std::string(recompute_name(r)));
     const TwoSteps slots = run(GetParam(), Bf16Activations::Fp32, r, 2, 8);
     const TwoSteps packed = run(GetParam(), Bf16Activations::Packed, r, 2, 8);
     two_steps::expect_same_step(slots, packed);
     EXPECT_EQ(slots.packed_fp32, 0u);
+    if (r == Recompute::Blocks) {
+      // The forward keeps only the block inputs; the backward packs one attention at a time.
+      EXPECT_EQ(packed.packed_fp32, 0u);
+      EXPECT_EQ(packed.compacted, 0u);
+      continue;
+    }
     EXPECT_GT(packed.packed_fp32, 0u);
     EXPECT_GT(packed.compacted, 0u);
     EXPECT_GT(packed.dropped, 0u);
+  }
+}
+
+// Under recompute = blocks with packing the backward recomputes a block a sublayer at a time,
+// the attention's stretch packed under the MLP's backward (TransformerModel::
+// recompute_block_packed): the bits of the whole block recomputed in fp32 slots, under both
+// storages. Under "all" this is the only reference: the other modes round other tensors.
+TEST_P(PackedActivationsMatch, RecomputedBlocksGiveTheBitsOfWholeBlocks) {
+  for (Bf16Activations storage : {Bf16Activations::Packed, Bf16Activations::All}) {
+    SCOPED_TRACE(std::string(bf16_activations_name(storage)));
+    auto blocks = [&](bool whole) {
+      return two_steps::run_two_steps(GetParam(), [&](TransformerModel& m) {
+        m.set_precision(kernels::Precision::Bf16);
+        m.set_bf16_activations(storage);
+        m.set_recompute(Recompute::Blocks);
+        m.set_recompute_whole_blocks(whole);
+      }, 2, 8);
+    };
+    const TwoSteps whole = blocks(true), by_sublayer = blocks(false);
+    two_steps::expect_same_step(whole, by_sublayer);
+    EXPECT_LT(by_sublayer.arena, whole.arena);
   }
 }
 
@@ -473,17 +500,20 @@ TEST(PackedAllResidual, RecomputationSeesTheForwardsValues) {
 // test above), counted per token in hidden-wide bf16 tensors (u = 2 bytes x hidden; a hidden fp32
 // tensor is 2u, q 4u, k and v 2u, gate and up 6u; the recomputed block 32u and its backward's
 // temporaries 16u, the attention half 16u and 16u; ActivationArena's count):
-//   blocks, "packed": the embedding and L block outputs in fp32, the final norm's output, one
-//     block recomputed with its temporaries: 2(L + 1) + 2 + 48 = 2L + 52.
-//   blocks, "all": two residual buffers, L inputs in bf16, one input expanded, the same block
-//     over the dead final norm's output: 4 + L + 2 + 48 = L + 54; L - 2 fewer.
+//   blocks, "packed": the embedding and L block outputs in fp32, the final norm's output (the
+//     gradient's buffer), then a block recomputed a sublayer at a time (the next test's count):
+//     the MLP's input (2u) and the larger of the two phases, 30u: 2(L + 1) + 2 + 2 + 30 = 2L + 36.
+//   blocks, "all": two residual buffers, L inputs in bf16, one input expanded, the MLP's input
+//     in the residual buffer the gradient is not in, the same phases: 4 + L + 2 + 30 = L + 36; L
+//     fewer.
 //   attention, "packed": the embedding; a block's kept attention output and output (2u each) and
 //     its packed MLP (gate and up, 6u); the last block's MLP in fp32 (16u) and its attention
 //     recomputed above the final norm's output: 2 + 10(L - 1) + 18 + 2 + 32 = 10L + 44.
 //   attention, "all": two residual buffers; a block's input (1u) and packed MLP with its input
 //     copy (7u); the last block's input, then its attention recomputed over its dead MLP:
 //     4 + 8(L - 1) + 1 + 2 + 32 = 8L + 31; 2L + 13 fewer.
-// Measured: 26 and 69 (with the recomputation above the last MLP, as before: 24 and 49).
+// Measured: 28 and 69 (with the whole block recomputed in fp32 slots, as before 2026-12-07's
+// third session: 26; with the recomputation above the last MLP, before that: 24 and 49).
 TEST(PackedAllResidual, RecomputationKeepsTheBlockInputsInTwoBytes) {
   const std::string config = "configs/hf/qwen3-0.6b.json";
   const std::vector<std::string> eighth = {"hidden_size=128",     "intermediate_size=384", "num_attention_heads=2",
@@ -504,8 +534,40 @@ TEST(PackedAllResidual, RecomputationKeepsTheBlockInputsInTwoBytes) {
     SCOPED_TRACE(std::string(recompute_name(r)));
     const double packed = per_token(Bf16Activations::Packed, r), all = per_token(Bf16Activations::All, r);
     const double fewer = (packed - all) / hidden_bf16;
-    EXPECT_NEAR(fewer, r == Recompute::Blocks ? layers - 2 : 2 * layers + 13, 0.5);
+    EXPECT_NEAR(fewer, r == Recompute::Blocks ? layers : 2 * layers + 13, 0.5);
   }
+}
+
+// A block recomputed a sublayer at a time, counted per token at the test above's model (u = 2
+// bytes x hidden): under the MLP's backward, the attention's compacted stretch (q before
+// QK-Norm and the attention output at 2u, k and v at 1u: 6u), the MLP's activations in fp32
+// (its normed input, gate, up, its output: 16u) and its backward's temporaries (the norm's input
+// gradient and dh: 8u); under the attention's backward, its stretch expanded (the normed input,
+// q, k, v and the attention output: 14u; its output, dead, is where the temporaries start) and
+// those temporaries (16u, ActivationArena's count). 30u each; beside them what the step holds
+// anyway (the count above). The whole block recomputed in fp32 slots held both sublayers (32u)
+// and the larger temporaries: 48u, 16u more, and its forward held the attention under the MLP.
+TEST(PackedAllResidual, RecomputedBlocksHoldOneSublayerExpandedCountedByHand) {
+  const std::string config = "configs/hf/qwen3-0.6b.json";
+  const std::vector<std::string> eighth = {"hidden_size=128",     "intermediate_size=384", "num_attention_heads=2",
+                                           "num_key_value_heads=1", "head_dim=128",          "vocab_size=512"};
+  auto per_token_u = [&](Bf16Activations storage, bool whole) {
+    auto setup = [&](TransformerModel& m) {
+      m.set_precision(kernels::Precision::Bf16);
+      m.set_bf16_activations(storage);
+      m.set_recompute(Recompute::Blocks);
+      m.set_recompute_whole_blocks(whole);
+    };
+    const double short_arena = double(two_steps::run_two_steps(config, setup, 1, 128, eighth).arena);
+    const double long_arena = double(two_steps::run_two_steps(config, setup, 1, 256, eighth).arena);
+    return (long_arena - short_arena) / 128.0 / (128 * 2);
+  };
+  const double L = 28;
+  // Per-row statistics (norm rstd, log-sum-exps) and padding are the rest: under 1u.
+  EXPECT_NEAR(per_token_u(Bf16Activations::Packed, false), 2 * L + 36, 1.0);
+  EXPECT_NEAR(per_token_u(Bf16Activations::All, false), L + 36, 1.0);
+  EXPECT_NEAR(per_token_u(Bf16Activations::Packed, true), 2 * L + 52, 1.0);
+  EXPECT_NEAR(per_token_u(Bf16Activations::All, true), L + 54, 1.0);
 }
 
 // The peak of a packed step without recomputation, counted by hand (qwen3_small, 2 x 128

@@ -384,11 +384,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
       out = f(input);
     }
     parallel_copy(dest, out, size);
-    // The output is dead once copied: where it is the stretch's last allocation (the projection
-    // that the residual sum took over), the backward's temporaries may start at it.
-    const float* end = arena_.top();
-    const bool output_last = out < end && end - out == static_cast<ptrdiff_t>(Arena::padded(size));
-    expanded_end_[part] = output_last ? out : end;
+    expanded_end_[part] = stretch_end(out, size);
     if (compact) {
       // The stretch's copy of the output is read no more: the next sublayer reads dest.
       packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
@@ -416,8 +412,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     block_inputs_bf16_[l] = kept;
     const Arena::Mark mark = arena_.mark();
     if (recompute_ == Recompute::Blocks) {
-      parallel_copy(other, block.forward(store_, arena_, x, s, max_logit), size);
-      arena_.release(mark);
+      run_block_released(l, x, other, s);
       return other;
     }
     parallel_copy(other, block.forward_attention(store_, arena_, x, s, max_logit), size);
@@ -441,7 +436,9 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
   // Recomputation keeps the block's input (already in the arena) and the part's output.
   block_inputs_[l] = x;
   if (recompute_ == Recompute::Blocks) {
-    return keep_output([&] { return block.forward(store_, arena_, x, s, max_logit); }, given_back);
+    float* kept = arena_.alloc(size);
+    run_block_released(l, x, kept, s);
+    return kept;
   }
   float* x1 = keep_output([&] { return block.forward_attention(store_, arena_, x, s, max_logit); }, given_back);
   auto mlp = [&] { return block.forward_mlp(store_, arena_, x1, s); };
@@ -519,8 +516,12 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       // With the inputs kept in bf16 everything above block l's own is dead (later blocks' inputs,
       // the loss; grad is a residual buffer below them all): the recomputation goes right there.
       if (kept_inputs_bf16()) arena_.move_to(kept_input_end(l, s));
-      block.forward(store_, arena_, block_input(l, s), s, max_logit);  // the same values again
-      block.backward(store_, arena_, grad, s);
+      if (packing_ && !recompute_whole_blocks_) {
+        recompute_block_packed(l, grad, s);
+      } else {
+        block.forward(store_, arena_, block_input(l, s), s, max_logit);  // the same values again
+        block.backward(store_, arena_, grad, s);
+      }
       break;
     case Recompute::Attention:
       if (packing_) expand(l, 2 * l + 1, s.tokens());
@@ -534,6 +535,67 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       break;
   }
   arena_.release(mark);
+}
+
+void TransformerModel::run_block_released(size_t l, const float* x, float* dest, const StepShape& s) {
+  // Block::forward would hold the attention's activations under the MLP's forward; each
+  // sublayer's are dead once its output is copied out, so the MLP runs over the attention's.
+  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  Block& block = *blocks_[l];
+  const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+  const Arena::Mark mark = arena_.mark();
+  parallel_copy(dest, block.forward_attention(store_, arena_, x, s, max_logit), size);
+  arena_.release(mark);
+  const float* out = block.forward_mlp(store_, arena_, dest, s);
+  KEEL_CHECK(out != dest);  // the sum is in the arena: dest, the MLP's input, is read no more
+  parallel_copy(dest, out, size);
+  arena_.release(mark);
+}
+
+void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepShape& s) {
+  // The whole block recomputed in fp32 held its attention's activations under the MLP's
+  // backward, and the MLP's under the attention's: at Qwen3-0.6B's shape two thirds of the
+  // step's arena per token under "all" (docs/performance.md, "Recomputed blocks a sublayer at a
+  // time"). Recomputed as forward_block lays out a step without recomputation, a block holds one
+  // sublayer expanded at a time: the attention runs in a stretch of its own that is packed
+  // straight away, the MLP above it in fp32 (its backward comes first), and the attention's
+  // stretch is expanded over the dead MLP for its own backward. Nothing is rounded that the
+  // forward did not round (no residual spans are recorded), so the gradients are the bits of the
+  // whole-block recomputation.
+  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  Block& block = *blocks_[l];
+  const int64_t n = s.tokens();
+  const size_t size = static_cast<size_t>(n * spec_.hidden_size);
+  const size_t part = 2 * l;
+  const float* x = block_input(l, s);  // below the stretch, alive through the attention's backward
+  // The MLP's input: under "all" the residual buffer grad is not in (it held the last block's
+  // output, dead since the final norm's backward), otherwise a buffer below the stretch.
+  float* x1 = kept_inputs_bf16() ? (grad == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0])
+                                 : arena_.alloc(size);
+  const Arena::Mark mark = arena_.mark();
+  const float* out = nullptr;
+  {
+    kernels::Bf16Capture capture(packed_.capture(part));
+    out = block.forward_attention(store_, arena_, x, s, max_logit);  // the forward's values again
+  }
+  parallel_copy(x1, out, size);
+  expanded_end_[part] = stretch_end(out, size);
+  packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
+  drop_normed(l, part, n);
+  packed_.pack(part, arena_, mark);
+  block.forward_mlp(store_, arena_, x1, s);
+  block.backward_mlp(store_, arena_, grad, s);
+  expand(l, part, n);  // over the MLP's activations and temporaries, dead now
+  arena_.move_to(expanded_end_[part]);
+  block.backward_attention(store_, arena_, grad, s);
+}
+
+const float* TransformerModel::stretch_end(const float* out, size_t size) {
+  // The output is dead once copied: where it is the stretch's last allocation (the projection
+  // that the residual sum took over), the backward's temporaries may start at it.
+  const float* end = arena_.top();
+  const bool output_last = out < end && end - out == static_cast<ptrdiff_t>(Arena::padded(size));
+  return output_last ? out : end;
 }
 
 float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& s, bool for_backward) {
@@ -574,6 +636,11 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   // Under recompute = attention the loss and the backward go above every stretch; without
   // recomputation each sublayer's backward places its temporaries itself (backward_block).
   if (packing_ && recompute_ != Recompute::None) packed_.reserve(arena_);
+  if (for_backward) {
+    forward_packed_ = packing_ ? PackedSizes{packed_.packed_fp32_bytes(), packed_.compacted_bytes(),
+                                             packed_.dropped_bytes()}
+                               : PackedSizes{};
+  }
   last_block_out_ = x;
   return final_norm_ ? final_norm_->forward(store_, arena_, x, n) : x;
 }

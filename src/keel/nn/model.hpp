@@ -106,12 +106,16 @@ class TransformerModel {
   // copies fp32 (gradients bit-identical to Fp32); Fp32 keeps the bf16 values in fp32 slots.
   void set_bf16_activations(Bf16Activations a) { bf16_activations_ = a; }
   Bf16Activations bf16_activations() const { return bf16_activations_; }
-  // Of the last training step: bytes the packed bf16 tensors would take in fp32, the bytes of
-  // all blocks' compacted stretches, and the fp32 bytes of the unused tensors dropped from them
-  // (all 0 without packing).
-  size_t packed_activation_fp32_bytes() const { return packed_.packed_fp32_bytes(); }
-  size_t packed_activation_compacted_bytes() const { return packed_.compacted_bytes(); }
-  size_t packed_activation_dropped_bytes() const { return packed_.dropped_bytes(); }
+  // Of the last training step's forward: bytes the packed bf16 tensors would take in fp32, the
+  // bytes of all blocks' compacted stretches, and the fp32 bytes of the unused tensors dropped
+  // from them (all 0 without packing, and under recompute = blocks, whose backward packs one
+  // attention at a time).
+  size_t packed_activation_fp32_bytes() const { return forward_packed_.fp32; }
+  size_t packed_activation_compacted_bytes() const { return forward_packed_.compacted; }
+  size_t packed_activation_dropped_bytes() const { return forward_packed_.dropped; }
+  // Tests: recompute = blocks recomputes each block whole in the backward, its activations in fp32
+  // slots, even under packing (the layout before the packed recomputation; its reference twin).
+  void set_recompute_whole_blocks(bool whole) { recompute_whole_blocks_ = whole; }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
   void initialize(uint64_t seed);
@@ -178,6 +182,15 @@ class TransformerModel {
   // attention, and where the backward's recomputation may start once what lies above is dead.
   const float* kept_input_end(size_t l, const StepShape& s) const;
   void expand(size_t l, size_t part, int64_t n);
+  // Block l's forward from x into dest (which must not alias x), keeping nothing: each sublayer's
+  // activations given back once its output is copied to dest (recompute = blocks).
+  void run_block_released(size_t l, const float* x, float* dest, const StepShape& s);
+  // Under recompute = blocks with packing: block l recomputed and its backward run one sublayer
+  // expanded at a time, as without recomputation (grad as in backward_block).
+  void recompute_block_packed(size_t l, float* grad, const StepShape& s);
+  // Where the backward's temporaries of a stretch that just returned `out` (size floats, copied
+  // out already) may start: at out where it is the stretch's last allocation, else the top.
+  const float* stretch_end(const float* out, size_t size);
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
@@ -212,6 +225,10 @@ class TransformerModel {
   // after it is expanded (Block::restore_normed_input).
   std::vector<char> normed_dropped_;
   PackedActivations packed_;
+  struct PackedSizes {
+    size_t fp32 = 0, compacted = 0, dropped = 0;
+  } forward_packed_;
+  bool recompute_whole_blocks_ = false;
 };
 
 // What a run on `model` is told at its start about this machine and its settings, one line each
