@@ -8,7 +8,9 @@ namespace keel::nn {
 // the backward. None keeps every activation; Attention keeps each block's input and the MLP's
 // activations and recomputes the attention sublayer (norm, projections, RoPE, attention, output
 // projection) during the backward; Blocks keeps only each block's input and recomputes the
-// whole block (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
+// whole block (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"); under bf16
+// activation storage its backward holds one sublayer expanded at a time, the recomputed
+// attention packed under the MLP's backward (TransformerModel::recompute_block_packed). The
 // recomputation is the same computation, so gradients are bit-identical in all three, in fp32
 // and under bf16 with run.bf16_activations = "packed" or "fp32". Under bf16 "all" each block's
 // input is kept in bf16 and the training forward reads it rounded (TransformerModel::
