@@ -165,7 +165,7 @@ KvCache Block::make_cache(int64_t max_rows) const {
 }
 
 void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
-                              bool attention) {
+                              bool attention, float* spare) {
   const int64_t n = s.tokens();
   const size_t size = static_cast<size_t>(n * hidden_);
   // Reverses Sublayer: out = wrap(x + after(f(before(x)))). grad holds ∂L/∂out on entry and is
@@ -200,8 +200,10 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
   }
   if (sub.before) {
     // The branch reads dy (perhaps grad itself) and writes d_in; only the norm writes grad. d_in
-    // has no other writer: a branch that can overwrite it skips the zeroing.
-    float* d_in = branch_overwrites ? arena.alloc(size) : arena.alloc_zeroed(size);
+    // has no other writer: a branch that can overwrite it skips the zeroing. A spare buffer takes
+    // it out of the arena, from under the branch's temporaries (at the peak of a packed step).
+    float* d_in = spare != nullptr ? spare : arena.alloc(size);
+    if (!branch_overwrites) parallel_zero(d_in, size);
     f_backward(dy, d_in, branch_overwrites ? kernels::GradWrite::Overwrite : kernels::GradWrite::Accumulate);
     sub.before->backward(store, d_in, grad, n);
   } else {
@@ -226,12 +228,12 @@ void Block::restore_normed_input(const ParameterStore& store, bool mlp, int64_t 
   if (matmul_input(mlp)) kernels::round_activation(sub.before->output(), n * hidden_);
 }
 
-void Block::backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
-  backward_sublayer(mlp_norms_, store, arena, grad, s, false);
+void Block::backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, float* spare) {
+  backward_sublayer(mlp_norms_, store, arena, grad, s, false, spare);
 }
 
-void Block::backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
-  backward_sublayer(attn_norms_, store, arena, grad, s, true);
+void Block::backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, float* spare) {
+  backward_sublayer(attn_norms_, store, arena, grad, s, true, spare);
 }
 
 void Block::backward(ParameterStore& store, Arena& arena, float* grad, const StepShape& s) {
@@ -504,10 +506,10 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
         // arena (a first step without reserved address space) leaves them on top (move_to).
         expand(l, 2 * l + 1, s.tokens());
         arena_.move_to(expanded_end_[2 * l + 1]);
-        block.backward_mlp(store_, arena_, grad, s);
+        block.backward_mlp(store_, arena_, grad, s, spare_residual(grad));
         expand(l, 2 * l, s.tokens());
         arena_.move_to(expanded_end_[2 * l]);
-        block.backward_attention(store_, arena_, grad, s);
+        block.backward_attention(store_, arena_, grad, s, spare_residual(grad));
       } else {
         block.backward(store_, arena_, grad, s);
       }
@@ -528,10 +530,10 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       // With the inputs kept in bf16, as without recomputation: the MLP's temporaries right above
       // its expanded stretch, and then the attention's recomputation over that dead stretch.
       if (kept_inputs_bf16()) arena_.move_to(expanded_end_[2 * l + 1]);
-      block.backward_mlp(store_, arena_, grad, s);
+      block.backward_mlp(store_, arena_, grad, s, spare_residual(grad));
       if (kept_inputs_bf16()) arena_.move_to(kept_input_end(l, s));
       block.forward_attention(store_, arena_, block_input(l, s), s, max_logit);
-      block.backward_attention(store_, arena_, grad, s);
+      block.backward_attention(store_, arena_, grad, s, spare_residual(grad));
       break;
   }
   arena_.release(mark);
@@ -570,8 +572,7 @@ void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepS
   const float* x = block_input(l, s);  // below the stretch, alive through the attention's backward
   // The MLP's input: under "all" the residual buffer grad is not in (it held the last block's
   // output, dead since the final norm's backward), otherwise a buffer below the stretch.
-  float* x1 = kept_inputs_bf16() ? (grad == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0])
-                                 : arena_.alloc(size);
+  float* x1 = kept_inputs_bf16() ? spare_residual(grad) : arena_.alloc(size);
   const Arena::Mark mark = arena_.mark();
   const float* out = nullptr;
   {
@@ -583,11 +584,19 @@ void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepS
   packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
   drop_normed(l, part, n);
   packed_.pack(part, arena_, mark);
-  block.forward_mlp(store_, arena_, x1, s);
+  // The MLP's output is read by nothing: where it is its last allocation the temporaries start there.
+  arena_.move_to(stretch_end(block.forward_mlp(store_, arena_, x1, s), size));
   block.backward_mlp(store_, arena_, grad, s);
   expand(l, part, n);  // over the MLP's activations and temporaries, dead now
   arena_.move_to(expanded_end_[part]);
-  block.backward_attention(store_, arena_, grad, s);
+  // Under "all" the MLP's input is dead now too: its buffer takes the attention's input gradient.
+  block.backward_attention(store_, arena_, grad, s, kept_inputs_bf16() ? x1 : nullptr);
+}
+
+float* TransformerModel::spare_residual(const float* grad) const {
+  if (residual_buffers_[0] == nullptr) return nullptr;
+  KEEL_CHECK(grad == residual_buffers_[0] || grad == residual_buffers_[1]);
+  return grad == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
 }
 
 const float* TransformerModel::stretch_end(const float* out, size_t size) {

@@ -42,8 +42,11 @@ class Block {
   // forward_attention, backward = backward_attention after backward_mlp.
   float* forward_attention(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   float* forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s);
-  void backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s);
-  void backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s);
+  // spare: a hidden-wide buffer (n × hidden) dead through the call, which the sublayer's branch
+  // input gradient may take instead of the arena (pre-norm sublayers); null for none.
+  void backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, float* spare = nullptr);
+  void backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
+                          float* spare = nullptr);
   // The same sublayers for n new tokens of one sequence, attending over (and appending to) cache.
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                              KvCache& cache) const;
@@ -62,7 +65,7 @@ class Block {
 
  private:
   void backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
-                         bool attention);
+                         bool attention, float* spare);
   // The sublayer reads its normed input only as a product's operand (attention's and a dense
   // MLP's projections, not a router): under bf16 it is stored rounded.
   bool matmul_input(bool mlp) const { return !mlp || mlp_.has_value(); }
@@ -191,6 +194,10 @@ class TransformerModel {
   // Where the backward's temporaries of a stretch that just returned `out` (size floats, copied
   // out already) may start: at out where it is the stretch's last allocation, else the top.
   const float* stretch_end(const float* out, size_t size);
+  // Of the two residual buffers (a packed step without recomputation, or with the block inputs
+  // kept in bf16), the one the backward's gradient is not in: it held the last block's output,
+  // dead once the final norm's backward (or the loss, without one) has read it. Null otherwise.
+  float* spare_residual(const float* grad) const;
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
