@@ -502,10 +502,11 @@ TEST(PackedAllResidual, RecomputationSeesTheForwardsValues) {
 // temporaries 16u, the attention half 16u and 16u; ActivationArena's count):
 //   blocks, "packed": the embedding and L block outputs in fp32, the final norm's output (the
 //     gradient's buffer), then a block recomputed a sublayer at a time (the next test's count):
-//     the MLP's input (2u) and the larger of the two phases, 30u: 2(L + 1) + 2 + 2 + 30 = 2L + 36.
+//     the MLP's input (2u) and the larger of the two phases, the attention's 30u:
+//     2(L + 1) + 2 + 2 + 30 = 2L + 36.
 //   blocks, "all": two residual buffers, L inputs in bf16, one input expanded, the MLP's input
 //     in the residual buffer the gradient is not in, and the attention's input gradient in it
-//     after the MLP's backward: phases of 30u and 28u: 4 + L + 2 + 28 = L + 34; L + 2 fewer.
+//     after the MLP's backward: both phases 28u: 4 + L + 2 + 28 = L + 34; L + 2 fewer.
 //   attention, "packed": the embedding; a block's kept attention output and output (2u each) and
 //     its packed MLP (gate and up, 6u); the last block's MLP in fp32 (16u) and its attention
 //     recomputed above the final norm's output: 2 + 10(L - 1) + 18 + 2 + 32 = 10L + 44.
@@ -543,12 +544,12 @@ TEST(PackedAllResidual, RecomputationKeepsTheBlockInputsInTwoBytes) {
 // A block recomputed a sublayer at a time, counted per token at the test above's model (u = 2
 // bytes x hidden): under the MLP's backward, the attention's compacted stretch (q before
 // QK-Norm and the attention output at 2u, k and v at 1u: 6u), the MLP's activations in fp32
-// (its normed input, gate, up, its output: 16u) and its backward's temporaries (the norm's input
-// gradient and dh: 8u); under the attention's backward, its stretch expanded (the normed input,
-// q, k, v and the attention output: 14u; its output, dead, is where the temporaries start) and
-// those temporaries (16u, ActivationArena's count). 30u each; under "all" the attention's input
-// gradient (2u) goes to the MLP's input's buffer, dead by then: 28u. Beside them what the step
-// holds anyway (the count above). The whole block recomputed in fp32 slots held both sublayers
+// (its normed input, gate and up: 14u; its output, dead, is where the temporaries start) and its
+// backward's temporaries (the norm's input gradient and dh: 8u), 28u; under the attention's
+// backward, its stretch expanded (the normed input, q, k, v and the attention output: 14u; its
+// output is dead too) and those temporaries (16u, ActivationArena's count), 30u, or 28u under
+// "all", where the attention's input gradient (2u) goes to the MLP's input's buffer, dead by
+// then. Beside them what the step holds anyway (the count above). The whole block recomputed in fp32 slots held both sublayers
 // (32u) and the larger temporaries: 48u, 16-18u more, and its forward held the attention under
 // the MLP.
 TEST(PackedAllResidual, RecomputedBlocksHoldOneSublayerExpandedCountedByHand) {
