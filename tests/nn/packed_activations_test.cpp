@@ -431,6 +431,19 @@ TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenSublayersCountedByHand) {
   EXPECT_EQ(double(packed.arena) - double(all.arena), hidden_bytes / 2 * packed_stretches);
 }
 
+// The arena's growth per token (bytes) of a bf16 step at Qwen3-0.6B's depth (28 layers) and
+// proportions, every width an eighth (hidden 128, 2 query heads and 1 KV head of 128,
+// intermediate 384): the slope between 1 x 128 and 1 x 256 tokens leaves out what does not grow
+// with the tokens. setup: switches on the model before its first step.
+double arena_per_token_at_qwen3_proportions(const std::function<void(TransformerModel&)>& setup) {
+  const std::string config = "configs/hf/qwen3-0.6b.json";
+  const std::vector<std::string> eighth = {"hidden_size=128",     "intermediate_size=384", "num_attention_heads=2",
+                                           "num_key_value_heads=1", "head_dim=128",          "vocab_size=512"};
+  const double short_arena = double(two_steps::run_two_steps(config, setup, 1, 128, eighth).arena);
+  const double long_arena = double(two_steps::run_two_steps(config, setup, 1, 256, eighth).arena);
+  return (long_arena - short_arena) / 128.0;
+}
+
 // What issue 17 asks of bf16 storage: activation memory halved. At Qwen3-0.6B's proportions
 // (every width an eighth: hidden 128, 2 query heads and 1 KV head of 128, intermediate 384) and
 // depth (28 layers), the arena's growth per token under "all", the default, is under half of
@@ -439,14 +452,7 @@ TEST(PackedAllResidual, HoldsNoFp32ResidualBetweenSublayersCountedByHand) {
 // on an Intel Xeon: 0.453x and 0.512x (docs/performance.md); keeping the normed inputs, as
 // before 2026-12-07, gave 0.512x and 0.572x.
 TEST(PackedAllResidual, HalvesTheArenaPerTokenAtQwen3Proportions) {
-  const std::string config = "configs/hf/qwen3-0.6b.json";
-  const std::vector<std::string> eighth = {"hidden_size=128",     "intermediate_size=384", "num_attention_heads=2",
-                                           "num_key_value_heads=1", "head_dim=128",          "vocab_size=512"};
-  auto per_token = [&](const std::function<void(TransformerModel&)>& setup) {
-    const double short_arena = double(two_steps::run_two_steps(config, setup, 1, 128, eighth).arena);
-    const double long_arena = double(two_steps::run_two_steps(config, setup, 1, 256, eighth).arena);
-    return (long_arena - short_arena) / 128.0;
-  };
+  const auto per_token = arena_per_token_at_qwen3_proportions;
   auto bf16 = [](Bf16Activations storage) {
     return [storage](TransformerModel& m) {
       m.set_precision(kernels::Precision::Bf16);
@@ -518,18 +524,12 @@ TEST(PackedAllResidual, RecomputationSeesTheForwardsValues) {
 // 28 and 69; with the whole block recomputed in fp32 slots, as before 2026-12-07's third
 // session: 26; with the recomputation above the last MLP, before that: 24 and 49).
 TEST(PackedAllResidual, RecomputationKeepsTheBlockInputsInTwoBytes) {
-  const std::string config = "configs/hf/qwen3-0.6b.json";
-  const std::vector<std::string> eighth = {"hidden_size=128",     "intermediate_size=384", "num_attention_heads=2",
-                                           "num_key_value_heads=1", "head_dim=128",          "vocab_size=512"};
   auto per_token = [&](Bf16Activations storage, Recompute r) {
-    auto setup = [&](TransformerModel& m) {
+    return arena_per_token_at_qwen3_proportions([&](TransformerModel& m) {
       m.set_precision(kernels::Precision::Bf16);
       m.set_bf16_activations(storage);
       m.set_recompute(r);
-    };
-    const double short_arena = double(two_steps::run_two_steps(config, setup, 1, 128, eighth).arena);
-    const double long_arena = double(two_steps::run_two_steps(config, setup, 1, 256, eighth).arena);
-    return (long_arena - short_arena) / 128.0;
+    });
   };
   const double hidden_bf16 = 128 * 2;
   const double layers = 28;
@@ -550,22 +550,18 @@ TEST(PackedAllResidual, RecomputationKeepsTheBlockInputsInTwoBytes) {
 // output is dead too) and those temporaries (16u, ActivationArena's count), 30u, or 28u under
 // "all", where the attention's input gradient (2u) goes to the MLP's input's buffer, dead by
 // then. Beside them what the step holds anyway (the count above). The whole block recomputed in fp32 slots held both sublayers
-// (32u) and the larger temporaries: 48u, 16-18u more, and its forward held the attention under
+// (32u) and the larger temporaries: 48u, 16u more than "packed"'s 32u (the MLP's input with the
+// attention's phase) and 20u more than "all"'s 28u, and its forward held the attention under
 // the MLP.
 TEST(PackedAllResidual, RecomputedBlocksHoldOneSublayerExpandedCountedByHand) {
-  const std::string config = "configs/hf/qwen3-0.6b.json";
-  const std::vector<std::string> eighth = {"hidden_size=128",     "intermediate_size=384", "num_attention_heads=2",
-                                           "num_key_value_heads=1", "head_dim=128",          "vocab_size=512"};
   auto per_token_u = [&](Bf16Activations storage, bool whole) {
-    auto setup = [&](TransformerModel& m) {
-      m.set_precision(kernels::Precision::Bf16);
-      m.set_bf16_activations(storage);
-      m.set_recompute(Recompute::Blocks);
-      m.set_recompute_whole_blocks(whole);
-    };
-    const double short_arena = double(two_steps::run_two_steps(config, setup, 1, 128, eighth).arena);
-    const double long_arena = double(two_steps::run_two_steps(config, setup, 1, 256, eighth).arena);
-    return (long_arena - short_arena) / 128.0 / (128 * 2);
+    return arena_per_token_at_qwen3_proportions([&](TransformerModel& m) {
+             m.set_precision(kernels::Precision::Bf16);
+             m.set_bf16_activations(storage);
+             m.set_recompute(Recompute::Blocks);
+             m.set_recompute_whole_blocks(whole);
+           }) /
+           (128 * 2);
   };
   const double L = 28;
   // Per-row statistics (norm rstd, log-sum-exps) and padding are the rest: under 1u.

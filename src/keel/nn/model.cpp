@@ -556,8 +556,8 @@ void TransformerModel::run_block_released(size_t l, const float* x, float* dest,
 
 void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepShape& s) {
   // The whole block recomputed in fp32 held its attention's activations under the MLP's
-  // backward, and the MLP's under the attention's: at Qwen3-0.6B's shape two thirds of the
-  // step's arena per token under "all" (docs/performance.md, "Recomputed blocks a sublayer at a
+  // backward, and the MLP's under the attention's: at Qwen3-0.6B's shape 59% of the step's
+  // arena per token under "all" (docs/performance.md, "Recomputed blocks a sublayer at a
   // time"). Recomputed as forward_block lays out a step without recomputation, a block holds one
   // sublayer expanded at a time: the attention runs in a stretch of its own that is packed
   // straight away, the MLP above it in fp32 (its backward comes first), and the attention's
@@ -571,7 +571,8 @@ void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepS
   const size_t part = 2 * l;
   const float* x = block_input(l, s);  // below the stretch, alive through the attention's backward
   // The MLP's input: under "all" the residual buffer grad is not in (it held the last block's
-  // output, dead since the final norm's backward), otherwise a buffer below the stretch.
+  // output, dead once the final norm's backward, or the loss without one, has read it),
+  // otherwise a buffer below the stretch.
   float* x1 = kept_inputs_bf16() ? spare_residual(grad) : arena_.alloc(size);
   const Arena::Mark mark = arena_.mark();
   const float* out = nullptr;

@@ -43,7 +43,8 @@ class Block {
   float* forward_attention(ParameterStore& store, Arena& arena, const float* x, const StepShape& s, float* max_logit);
   float* forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s);
   // spare: a hidden-wide buffer (n × hidden) dead through the call, which the sublayer's branch
-  // input gradient may take instead of the arena (pre-norm sublayers); null for none.
+  // input gradient may take instead of the arena (sublayers with a norm before the branch:
+  // pre-norm and sandwich); null for none.
   void backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, float* spare = nullptr);
   void backward_attention(ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
                           float* spare = nullptr);
