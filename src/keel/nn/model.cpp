@@ -360,7 +360,7 @@ std::string_view recompute_name(Recompute r) {
 }
 
 float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, bool for_backward) {
-  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  float* max_logit = max_logits_of(l);
   Block& block = *blocks_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
   // A packed step without recomputation (and the MLPs of recompute = attention under "all"):
@@ -387,12 +387,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     }
     parallel_copy(dest, out, size);
     expanded_end_[part] = stretch_end(out, size);
-    if (compact) {
-      // The stretch's copy of the output is read no more: the next sublayer reads dest.
-      packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
-      drop_normed(l, part, s.tokens());
-      packed_.pack(part, arena_, mark);
-    }
+    if (compact) pack_sublayer(l, part, out, s.tokens(), mark);  // the next sublayer reads dest
     return dest;
   };
   float* other = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
@@ -453,10 +448,7 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
         return mlp();
       },
       [&](const Arena::Mark& mark, const float* out) {
-        // The stretch's copy of the output is read no more: the next block reads the kept copy.
-        packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
-        drop_normed(l, part, s.tokens());
-        packed_.pack(part, arena_, mark);
+        pack_sublayer(l, part, out, s.tokens(), mark);  // the next block reads the kept copy
       });
 }
 
@@ -486,13 +478,20 @@ void TransformerModel::drop_normed(size_t l, size_t part, int64_t n) {
   normed_dropped_[part] = 1;
 }
 
+void TransformerModel::pack_sublayer(size_t l, size_t part, const float* out, int64_t n, const Arena::Mark& since) {
+  // The stretch's copy of the output is read no more: it was copied out for what comes next.
+  packed_.unused(part)->push_back({const_cast<float*>(out), n * spec_.hidden_size});
+  drop_normed(l, part, n);
+  packed_.pack(part, arena_, since);
+}
+
 void TransformerModel::expand(size_t l, size_t part, int64_t n) {
   packed_.unpack(part);
   if (normed_dropped_[part]) blocks_[l]->restore_normed_input(store_, part % 2 == 1, n);
 }
 
 void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s) {
-  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  float* max_logit = max_logits_of(l);
   Block& block = *blocks_[l];
   // The backward's own temporaries are given back after each block in every mode: only grad,
   // now the block's input gradient, travels on to the block below.
@@ -542,7 +541,7 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
 void TransformerModel::run_block_released(size_t l, const float* x, float* dest, const StepShape& s) {
   // Block::forward would hold the attention's activations under the MLP's forward; each
   // sublayer's are dead once its output is copied out, so the MLP runs over the attention's.
-  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  float* max_logit = max_logits_of(l);
   Block& block = *blocks_[l];
   const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
   const Arena::Mark mark = arena_.mark();
@@ -564,7 +563,7 @@ void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepS
   // stretch is expanded over the dead MLP for its own backward. Nothing is rounded that the
   // forward did not round (no residual spans are recorded), so the gradients are the bits of the
   // whole-block recomputation.
-  float* max_logit = max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads);
+  float* max_logit = max_logits_of(l);
   Block& block = *blocks_[l];
   const int64_t n = s.tokens();
   const size_t size = static_cast<size_t>(n * spec_.hidden_size);
@@ -582,9 +581,7 @@ void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepS
   }
   parallel_copy(x1, out, size);
   expanded_end_[part] = stretch_end(out, size);
-  packed_.unused(part)->push_back({const_cast<float*>(out), static_cast<int64_t>(size)});
-  drop_normed(l, part, n);
-  packed_.pack(part, arena_, mark);
+  pack_sublayer(l, part, out, n, mark);
   // The MLP's output is read by nothing: where it is its last allocation the temporaries start there.
   arena_.move_to(stretch_end(block.forward_mlp(store_, arena_, x1, s), size));
   block.backward_mlp(store_, arena_, grad, s);

@@ -185,7 +185,12 @@ class TransformerModel {
   // Just past block l's input kept in bf16: where its MLP's stretch began under recompute =
   // attention, and where the backward's recomputation may start once what lies above is dead.
   const float* kept_input_end(size_t l, const StepShape& s) const;
+  // After stretch `part`'s forward (since `since`), its output of n tokens copied out: drops that
+  // output and the normed input from the stretch and packs it.
+  void pack_sublayer(size_t l, size_t part, const float* out, int64_t n, const Arena::Mark& since);
   void expand(size_t l, size_t part, int64_t n);
+  // Block l's per-head max logits of the step (what its attention's forward writes).
+  float* max_logits_of(size_t l) { return max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads); }
   // Block l's forward from x into dest (which must not alias x), keeping nothing: each sublayer's
   // activations given back once its output is copied to dest (recompute = blocks).
   void run_block_released(size_t l, const float* x, float* dest, const StepShape& s);
