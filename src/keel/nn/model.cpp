@@ -86,23 +86,25 @@ std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpe
 // needs no buffer of its own. Under bf16 that place may have held a rounded projection output;
 // the sum is not bf16, so it is taken off the tensors packing stores in 2 bytes (and, under
 // bf16_activations = "all", put back as a residual tensor that packing rounds).
+// normed_out: where the pre-norm writes its output (SharedNormed), or null for the arena.
 template <class Sub, class NormFn, class F>
-float* residual(Sub& sub, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm, F&& f) {
+float* residual(Sub& sub, const float* in, int64_t n, int64_t hidden, bool matmul_input, NormFn&& norm, F&& f,
+                float* normed_out = nullptr) {
   const float* f_in = in;
   if (sub.before) {
-    float* normed = norm(*sub.before, in);
+    float* normed = norm(*sub.before, in, normed_out);
     if (matmul_input) kernels::round_activation(normed, n * hidden);
     f_in = normed;
   }
   float* sum = f(f_in);
-  if (sub.after) sum = norm(*sub.after, sum);
+  if (sub.after) sum = norm(*sub.after, sum, nullptr);
   const int64_t count = n * hidden;
   kernels::unround_activation(sum, count);
 #pragma omp parallel for schedule(static) if (count > 4096)
   for (int64_t i = 0; i < count; ++i) sum[i] += in[i];
   kernels::keep_residual_as_bf16(sum, count);
   if (!sub.wrap) return sum;
-  float* out = norm(*sub.wrap, sum);
+  float* out = norm(*sub.wrap, sum, nullptr);
   kernels::keep_residual_as_bf16(out, count);
   return out;
 }
@@ -133,24 +135,28 @@ float* Block::forward(ParameterStore& store, Arena& arena, const float* x, const
 float* Block::forward_attention(ParameterStore& store, Arena& arena, const float* x, const StepShape& s,
                                 float* max_logit) {
   const int64_t n = s.tokens();
-  auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(attn_norms_, x, n, hidden_, matmul_input(false), norm, [&](const float* in) {
-    return attention_ ? attention_->forward(store, arena, in, s, max_logit)
-                      : mla_->forward(store, arena, in, s, max_logit);
-  });
+  auto norm = [&](Norm& nm, const float* in, float* out) { return nm.forward(store, arena, in, n, out); };
+  return residual(
+      attn_norms_, x, n, hidden_, matmul_input(false), norm,
+      [&](const float* in) {
+        return attention_ ? attention_->forward(store, arena, in, s, max_logit)
+                          : mla_->forward(store, arena, in, s, max_logit);
+      },
+      claim_shared_normed(attn_norms_));
 }
 
 float* Block::forward_mlp(ParameterStore& store, Arena& arena, const float* x1, const StepShape& s) {
   const int64_t n = s.tokens();
-  auto norm = [&](Norm& nm, const float* in) { return nm.forward(store, arena, in, n); };
-  return residual(mlp_norms_, x1, n, hidden_, matmul_input(true), norm, [&](const float* in) {
-    return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n);
-  });
+  auto norm = [&](Norm& nm, const float* in, float* out) { return nm.forward(store, arena, in, n, out); };
+  return residual(
+      mlp_norms_, x1, n, hidden_, matmul_input(true), norm,
+      [&](const float* in) { return mlp_ ? mlp_->forward(store, arena, in, n) : moe_->forward(store, arena, in, n); },
+      claim_shared_normed(mlp_norms_));
 }
 
 float* Block::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                                   KvCache& cache) const {
-  auto norm = [&](const Norm& nm, const float* in) { return nm.forward_incremental(store, arena, in, n); };
+  auto norm = [&](const Norm& nm, const float* in, float*) { return nm.forward_incremental(store, arena, in, n); };
   float* x1 = residual(attn_norms_, x, n, hidden_, true, norm, [&](const float* in) {
     return attention_ ? attention_->forward_incremental(store, arena, in, n, cache)
                       : mla_->forward_incremental(store, arena, in, n, cache);
@@ -199,6 +205,7 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
     dy = t;
   }
   if (sub.before) {
+    restore_shared_normed(store, sub, !attention, n);
     // The branch reads dy (perhaps grad itself) and writes d_in; only the norm writes grad. d_in
     // has no other writer: a branch that can overwrite it skips the zeroing. A spare buffer takes
     // it out of the arena, from under the branch's temporaries (at the peak of a packed step).
@@ -226,6 +233,19 @@ void Block::restore_normed_input(const ParameterStore& store, bool mlp, int64_t 
   if (!sub.before) return;
   sub.before->recompute_output(store, n);
   if (matmul_input(mlp)) kernels::round_activation(sub.before->output(), n * hidden_);
+}
+
+float* Block::claim_shared_normed(const Sublayer& sub) {
+  if (shared_normed_ == nullptr || !sub.before) return nullptr;
+  shared_normed_->holder = &*sub.before;
+  return shared_normed_->data;
+}
+
+void Block::restore_shared_normed(const ParameterStore& store, const Sublayer& sub, bool mlp, int64_t n) {
+  if (shared_normed_ == nullptr || !sub.before || sub.before->output() != shared_normed_->data) return;
+  if (shared_normed_->holder == &*sub.before) return;
+  restore_normed_input(store, mlp, n);
+  shared_normed_->holder = &*sub.before;
 }
 
 void Block::backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, float* spare) {
@@ -625,6 +645,12 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   // bf16 the same two: under blocks each block's output goes to the one its input is not in;
   // under attention the attention's output to the second and the MLP's back to the first.
   residual_buffers_[0] = residual_buffers_[1] = nullptr;
+  // Without packing, the pre-norms' outputs share one buffer (SharedNormed), below every block.
+  shared_normed_ = SharedNormed{};
+  const bool share_normed = for_backward && !packing_ && share_normed_outputs_ &&
+                            std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->has_pre_norm(); });
+  if (share_normed) shared_normed_.data = arena_.alloc(static_cast<size_t>(n * h));
+  for (auto& b : blocks_) b->set_shared_normed(share_normed ? &shared_normed_ : nullptr);
   if (packing_ && (recompute_ == Recompute::None || kept_inputs_bf16())) {
     residual_buffers_[0] = x;
     residual_buffers_[1] = arena_.alloc(static_cast<size_t>(n * h));

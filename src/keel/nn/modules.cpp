@@ -60,9 +60,9 @@ const float* Norm::gain(const ParameterStore& store, float* scratch) const {
   return scratch;
 }
 
-float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& mean,
-                     float*& rstd) const {
-  float* y = arena.alloc(static_cast<size_t>(n * dim_));
+float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float* out,
+                     float*& mean, float*& rstd) const {
+  float* y = out != nullptr ? out : arena.alloc(static_cast<size_t>(n * dim_));
   rstd = arena.alloc(static_cast<size_t>(n));
   switch (kind_) {
     case arch::NormKind::RmsNorm:
@@ -77,9 +77,9 @@ float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, 
   return y;
 }
 
-float* Norm::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
+float* Norm::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n, float* out) {
   x_ = x;
-  y_ = compute(store, arena, x, n, mean_, rstd_);
+  y_ = compute(store, arena, x, n, out, mean_, rstd_);
   return y_;
 }
 
@@ -98,7 +98,7 @@ void Norm::recompute_output(const ParameterStore& store, int64_t n) const {
 
 float* Norm::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {
   float *mean = nullptr, *rstd = nullptr;
-  return compute(store, arena, x, n, mean, rstd);
+  return compute(store, arena, x, n, nullptr, mean, rstd);
 }
 
 void Norm::backward(ParameterStore& store, const float* dy, float* dx, int64_t n) {

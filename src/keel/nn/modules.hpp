@@ -44,8 +44,9 @@ class Norm {
   // unit_offset: Gemma's RMSNorm, x̂·(1 + w) with w initialized at zero (Gemma2RMSNorm).
   Norm(ParameterStore& store, const arch::TensorNameTable& names, arch::TensorKind kind, int64_t layer, int64_t dim,
        arch::NormKind norm_kind, float eps, bool unit_offset = false);
-  // x: (n, dim) -> returns y: (n, dim) allocated in the arena. x must stay valid until backward.
-  float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n);
+  // x: (n, dim) -> returns y: (n, dim), written to `out` or, where it is null, allocated in the
+  // arena. x must stay valid until backward (y need not: the backward reads x and its statistics).
+  float* forward(ParameterStore& store, Arena& arena, const float* x, int64_t n, float* out = nullptr);
   // dy: (n, dim); accumulates dx and the weight (and bias) gradients.
   void backward(ParameterStore& store, const float* dy, float* dx, int64_t n);
   // The same y with nothing saved (the incremental path).
@@ -58,7 +59,7 @@ class Norm {
   void recompute_output(const ParameterStore& store, int64_t n) const;
 
  private:
-  float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& mean,
+  float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float* out, float*& mean,
                  float*& rstd) const;
   // The gain the kernels multiply by: the weight itself, or 1 + weight in `scratch`.
   const float* gain(const ParameterStore& store, float* scratch) const;
