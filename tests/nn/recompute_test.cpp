@@ -54,8 +54,7 @@ TEST(Recompute, HoldsFewerActivations) {
 // fp32, 2 x 128 tokens): the embedding output, the pre-norms' shared output buffer
 // (SharedNormed) and, per block, q_raw, k_raw, v, the attention output, the mid-block residual
 // sum and the block's output (in the places of o_proj's and down_proj's products), gate and up;
-// then the final norm's output, which
-// goes on as the one buffer of the blocks' gradient (the loss's gradient is given back once the
+// then the final norm's output, which goes on as the one buffer of the blocks' gradient (the loss's gradient is given back once the
 // norm's backward has read it); on top, the larger sublayer backward, whose own gradient is that
 // buffer (the MLP's: dh / dup and the norm's input gradient, the recomputed h in up's place; the
 // attention's: d_out, dk, dv, then q and k recomputed, whose place dq_raw and dk_raw take, the

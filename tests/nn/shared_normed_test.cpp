@@ -35,14 +35,17 @@ TwoSteps run(const std::string& config, const Mode& mode, bool share, int64_t ba
 
 class SharedNormedMatches : public testing::TestWithParam<const char*> {};
 
-// Loss, max logits, expert loads, activation RMS and gradients bit for bit, in every
+// Loss, max logits, expert loads, activation RMS and gradients bit for bit (thirteen families:
+// gated attention output, attention sinks, MoE with shared experts, OLMo 2's norms after the
+// branches among them), in every
 // recomputation (blocks and attention recompute over the buffer, and the MLP's backward finds
 // it holding another sublayer's output), and never more memory.
 TEST_P(SharedNormedMatches, GivesTheBitsOfASlotPerSublayer) {
   for (const Mode& mode : {Mode{"fp32", kernels::Precision::Fp32, Recompute::None},
                            Mode{"fp32 attention", kernels::Precision::Fp32, Recompute::Attention},
                            Mode{"fp32 blocks", kernels::Precision::Fp32, Recompute::Blocks},
-                           Mode{"bf16 in fp32 slots", kernels::Precision::Bf16, Recompute::None}}) {
+                           Mode{"bf16 in fp32 slots", kernels::Precision::Bf16, Recompute::None},
+                           Mode{"bf16 in fp32 slots, blocks", kernels::Precision::Bf16, Recompute::Blocks}}) {
     SCOPED_TRACE(mode.name);
     const TwoSteps slots = run(GetParam(), mode, false);
     const TwoSteps shared = run(GetParam(), mode, true);
@@ -56,7 +59,9 @@ INSTANTIATE_TEST_SUITE_P(Families, SharedNormedMatches,
                                          "tests/fixtures/mixtral/config.json", "tests/fixtures/deepseek_v3/config.json",
                                          "tests/fixtures/gpt_oss/config.json", "tests/fixtures/llama_sandwich/config.json",
                                          "tests/fixtures/llama_layernorm_post/config.json",
-                                         "tests/fixtures/gemma2/config.json"));
+                                         "tests/fixtures/gemma2/config.json", "tests/fixtures/qwen3_gate/config.json",
+                                         "tests/fixtures/qwen3_sinks/config.json", "tests/fixtures/qwen3_moe/config.json",
+                                         "tests/fixtures/glm4_moe/config.json", "tests/fixtures/olmo2/config.json"));
 
 // What the buffer saves without recomputation, counted: each of the 2L pre-norms' outputs had a
 // hidden-wide slot, and the buffer is one: (2L - 1) × hidden floats a token (qwen3_small, 4

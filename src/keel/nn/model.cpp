@@ -80,7 +80,8 @@ std::optional<MlaAttention> make_mla(ParameterStore& store, const arch::ModelSpe
 // incremental one alike: `norm` runs a Norm (saving for backward or not), `f` the module.
 // matmul_input: f reads its input only as a matmul operand (attention's and a dense MLP's
 // projections, not a router), so under bf16 the normed input is stored rounded, the value every
-// one of its uses takes anyway (packing does not keep it: TransformerModel::drop_normed).
+// one of its uses takes anyway (packing does not keep it: TransformerModel::drop_normed; without
+// packing it goes to the step's shared buffer, normed_out: SharedNormed).
 // The sum takes the place of after(f(...)): no backward reads a module's or a norm's output (Norm
 // keeps its input, attention its projected heads, an FFN gate and up), so the residual stream
 // needs no buffer of its own. Under bf16 that place may have held a rounded projection output;

@@ -63,12 +63,13 @@ class Block {
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n,
                              KvCache& cache) const;
   KvCache make_cache(int64_t max_rows) const;
-  // The output of the norm before the attention (mlp = false) or before the FFN, as the last
-  // training forward left it (rounded under bf16 where only products read it); null where the
+  // Where the last training forward wrote the output of the norm before the attention (mlp =
+  // false) or before the FFN (rounded under bf16 where only products read it); null where the
   // sublayer has no norm before it. bf16 packing drops it from the sublayer's stretch, and
-  // restore_normed_input writes it again from the norm's saved input and statistics before that
-  // sublayer's backward: the same bits, one elementwise pass, instead of n × hidden values held
-  // beside the norm's input from which they follow.
+  // without packing the next pre-norm writes over it (SharedNormed); restore_normed_input writes
+  // it again from the norm's saved input and statistics before that sublayer's backward: the
+  // same bits, one elementwise pass, instead of n × hidden values held beside the norm's input
+  // from which they follow.
   float* normed_input(bool mlp) const;
   void restore_normed_input(const ParameterStore& store, bool mlp, int64_t n) const;
   // The training forwards from here on write the pre-norms' outputs into `shared` (null: each into

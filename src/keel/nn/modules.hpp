@@ -51,10 +51,11 @@ class Norm {
   void backward(ParameterStore& store, const float* dy, float* dx, int64_t n);
   // The same y with nothing saved (the incremental path).
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
-  // The last forward's y, and y written again in its place from what that forward saved (x and
-  // its statistics) and the gain as it is now: the same bits while the parameters have not
-  // changed. bf16 packing drops a pre-norm's output from its stretch and the backward asks for
-  // it again (TransformerModel::forward_block).
+  // Where the last forward wrote y, and y written again there from what that forward saved (x
+  // and its statistics) and the gain as it is now: the same bits while the parameters have not
+  // changed. bf16 packing drops a pre-norm's output from its stretch, and a step without packing
+  // lets another pre-norm's output take its place (SharedNormed); the backward asks for it
+  // again (TransformerModel::expand, Block::restore_shared_normed).
   float* output() const { return y_; }
   void recompute_output(const ParameterStore& store, int64_t n) const;
 
