@@ -206,7 +206,7 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
     dy = t;
   }
   if (sub.before) {
-    restore_shared_normed(store, sub, !attention, n);
+    restore_normed_input(store, sub, !attention, n);
     // The branch reads dy (perhaps grad itself) and writes d_in; only the norm writes grad. d_in
     // has no other writer: a branch that can overwrite it skips the zeroing. A spare buffer takes
     // it out of the arena, from under the branch's temporaries (at the peak of a packed step).
@@ -224,29 +224,26 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
   arena.release(scratch);
 }
 
-float* Block::normed_input(bool mlp) const {
-  const Sublayer& sub = mlp ? mlp_norms_ : attn_norms_;
-  return sub.before ? sub.before->output() : nullptr;
+float* Block::give_up_normed_input(bool mlp) {
+  Sublayer& sub = mlp ? mlp_norms_ : attn_norms_;
+  if (!sub.before) return nullptr;
+  sub.before->mark_output_gone();
+  return sub.before->output();
 }
 
-void Block::restore_normed_input(const ParameterStore& store, bool mlp, int64_t n) const {
-  const Sublayer& sub = mlp ? mlp_norms_ : attn_norms_;
-  if (!sub.before) return;
+void Block::restore_normed_input(const ParameterStore& store, Sublayer& sub, bool mlp, int64_t n) {
+  if (!sub.before || !sub.before->output_gone()) return;
+  claim_shared_normed(sub);
   sub.before->recompute_output(store, n);
   if (matmul_input(mlp)) kernels::round_activation(sub.before->output(), n * hidden_);
 }
 
-float* Block::claim_shared_normed(const Sublayer& sub) {
+float* Block::claim_shared_normed(Sublayer& sub) {
   if (shared_normed_ == nullptr || !sub.before) return nullptr;
-  shared_normed_->holder = &*sub.before;
+  Norm* norm = &*sub.before;
+  if (shared_normed_->holder != nullptr && shared_normed_->holder != norm) shared_normed_->holder->mark_output_gone();
+  shared_normed_->holder = norm;
   return shared_normed_->data;
-}
-
-void Block::restore_shared_normed(const ParameterStore& store, const Sublayer& sub, bool mlp, int64_t n) {
-  if (shared_normed_ == nullptr || !sub.before || sub.before->output() != shared_normed_->data) return;
-  if (shared_normed_->holder == &*sub.before) return;
-  restore_normed_input(store, mlp, n);
-  shared_normed_->holder = &*sub.before;
 }
 
 void Block::backward_mlp(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, float* spare) {
@@ -493,10 +490,8 @@ const float* TransformerModel::block_input(size_t l, const StepShape& s) {
 void TransformerModel::drop_normed(size_t l, size_t part, int64_t n) {
   // What the norm's saved input and statistics give again, bit for bit: n × hidden values a
   // stretch need not hold (4 of Qwen3-0.6B's 32 KiB a token and block under "all").
-  float* normed = blocks_[l]->normed_input(part % 2 == 1);
-  if (normed == nullptr) return;
-  packed_.unused(part)->push_back({normed, n * spec_.hidden_size});
-  normed_dropped_[part] = 1;
+  float* normed = blocks_[l]->give_up_normed_input(part % 2 == 1);
+  if (normed != nullptr) packed_.unused(part)->push_back({normed, n * spec_.hidden_size});
 }
 
 void TransformerModel::pack_sublayer(size_t l, size_t part, const float* out, int64_t n, const Arena::Mark& since) {
@@ -504,11 +499,6 @@ void TransformerModel::pack_sublayer(size_t l, size_t part, const float* out, in
   packed_.unused(part)->push_back({const_cast<float*>(out), n * spec_.hidden_size});
   drop_normed(l, part, n);
   packed_.pack(part, arena_, since);
-}
-
-void TransformerModel::expand(size_t l, size_t part, int64_t n) {
-  packed_.unpack(part);
-  if (normed_dropped_[part]) blocks_[l]->restore_normed_input(store_, part % 2 == 1, n);
 }
 
 void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s) {
@@ -524,10 +514,10 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
         // is dead (later sublayers, the loss; grad is a residual buffer below every stretch), so
         // the sublayer's temporaries go right above it. A stretch in an older block of a growing
         // arena (a first step without reserved address space) leaves them on top (move_to).
-        expand(l, 2 * l + 1, s.tokens());
+        packed_.unpack(2 * l + 1);  // its normed input is written again by its backward
         arena_.move_to(expanded_end_[2 * l + 1]);
         block.backward_mlp(store_, arena_, grad, s, spare_residual(grad));
-        expand(l, 2 * l, s.tokens());
+        packed_.unpack(2 * l);
         arena_.move_to(expanded_end_[2 * l]);
         block.backward_attention(store_, arena_, grad, s, spare_residual(grad));
       } else {
@@ -546,7 +536,7 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
       }
       break;
     case Recompute::Attention:
-      if (packing_) expand(l, 2 * l + 1, s.tokens());
+      if (packing_) packed_.unpack(2 * l + 1);
       // With the inputs kept in bf16, as without recomputation: the MLP's temporaries right above
       // its expanded stretch, and then the attention's recomputation over that dead stretch.
       if (kept_inputs_bf16()) arena_.move_to(expanded_end_[2 * l + 1]);
@@ -606,7 +596,7 @@ void TransformerModel::recompute_block_packed(size_t l, float* grad, const StepS
   // The MLP's output is read by nothing: where it is its last allocation the temporaries start there.
   arena_.move_to(stretch_end(block.forward_mlp(store_, arena_, x1, s), size));
   block.backward_mlp(store_, arena_, grad, s);
-  expand(l, part, n);  // over the MLP's activations and temporaries, dead now
+  packed_.unpack(part);  // over the MLP's activations and temporaries, dead now
   arena_.move_to(expanded_end_[part]);
   // Under "all" the MLP's input is dead now too: its buffer takes the attention's input gradient.
   block.backward_attention(store_, arena_, grad, s, kept_inputs_bf16() ? x1 : nullptr);
@@ -639,7 +629,6 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   packing_ = for_backward && bf16_activations_ != Bf16Activations::Fp32 && precision_ == kernels::Precision::Bf16;
   if (packing_) packed_.start(2 * blocks_.size());  // an attention and an MLP stretch a block
   expanded_end_.assign(2 * blocks_.size(), nullptr);
-  normed_dropped_.assign(2 * blocks_.size(), 0);
   // The residual buffers of a packed step without recomputation (forward_block): the embedding
   // output, then the first attention's output in a second buffer, the first MLP's over the
   // embeddings, and so on; below every stretch. With recomputation and the block inputs kept in

@@ -34,12 +34,13 @@ struct LossSums {
 // A training step's pre-norm outputs, where bf16 packing does not drop them (fp32 storage): one
 // n × hidden buffer that every sublayer's norm before its branch writes into, instead of a slot
 // of its own beside the norm's input. The output follows from that input and the row statistics
-// the norm keeps, so a sublayer's backward writes it again into the buffer (the forward's bits:
-// Block::restore_normed_input) unless the buffer still holds that sublayer's. One buffer for
-// the step instead of one a sublayer: at Qwen3-0.6B's shape 220 of fp32's 1,837 KiB a token.
+// the norm keeps: a norm whose output another's took the place of is marked gone, and its
+// sublayer's backward writes it again (the forward's bits: Block::restore_normed_input). One
+// buffer for the step instead of one a sublayer: at Qwen3-0.6B's shape 220 of fp32's 1,837 KiB
+// a token.
 struct SharedNormed {
   float* data = nullptr;
-  const Norm* holder = nullptr;  // the norm whose output the buffer holds now
+  Norm* holder = nullptr;  // the norm whose output the buffer holds now
 };
 
 class Block {
@@ -64,14 +65,12 @@ class Block {
                              KvCache& cache) const;
   KvCache make_cache(int64_t max_rows) const;
   // Where the last training forward wrote the output of the norm before the attention (mlp =
-  // false) or before the FFN (rounded under bf16 where only products read it); null where the
-  // sublayer has no norm before it. bf16 packing drops it from the sublayer's stretch, and
-  // without packing the next pre-norm writes over it (SharedNormed); restore_normed_input writes
-  // it again from the norm's saved input and statistics before that sublayer's backward: the
-  // same bits, one elementwise pass, instead of n × hidden values held beside the norm's input
-  // from which they follow.
-  float* normed_input(bool mlp) const;
-  void restore_normed_input(const ParameterStore& store, bool mlp, int64_t n) const;
+  // false) or before the FFN (rounded under bf16 where only products read it), now given up by
+  // the caller (bf16 packing drops it from the sublayer's stretch); null where the sublayer has
+  // no norm before it. The sublayer's backward writes it again from the norm's saved input and
+  // statistics (restore_normed_input): the same bits, one elementwise pass, instead of n ×
+  // hidden values held beside the norm's input from which they follow.
+  float* give_up_normed_input(bool mlp);
   // The training forwards from here on write the pre-norms' outputs into `shared` (null: each into
   // the arena), and the backwards write them again there as needed.
   void set_shared_normed(SharedNormed* shared) { shared_normed_ = shared; }
@@ -86,12 +85,12 @@ class Block {
   // The sublayer reads its normed input only as a product's operand (attention's and a dense
   // MLP's projections, not a router): under bf16 it is stored rounded.
   bool matmul_input(bool mlp) const { return !mlp || mlp_.has_value(); }
-  // Where the sublayer's pre-norm writes its output in a training forward: the shared buffer,
-  // which then holds it, or null for the arena.
-  float* claim_shared_normed(const Sublayer& sub);
-  // Before the sublayer's backward: its pre-norm's output written again into the shared buffer,
-  // if the buffer holds another's.
-  void restore_shared_normed(const ParameterStore& store, const Sublayer& sub, bool mlp, int64_t n);
+  // Where the sublayer's pre-norm writes its output: the shared buffer, whose last holder's
+  // output is gone then, or null for the arena.
+  float* claim_shared_normed(Sublayer& sub);
+  // Before the sublayer's backward, where its pre-norm's output is gone: written again in its
+  // place (the shared buffer claimed back) and rounded as the forward rounded it.
+  void restore_normed_input(const ParameterStore& store, Sublayer& sub, bool mlp, int64_t n);
 
   int64_t hidden_;
   SharedNormed* shared_normed_ = nullptr;
@@ -214,7 +213,6 @@ class TransformerModel {
   // After stretch `part`'s forward (since `since`), its output of n tokens copied out: drops that
   // output and the normed input from the stretch and packs it.
   void pack_sublayer(size_t l, size_t part, const float* out, int64_t n, const Arena::Mark& since);
-  void expand(size_t l, size_t part, int64_t n);
   // Block l's per-head max logits of the step (what its attention's forward writes).
   float* max_logits_of(size_t l) { return max_logits_.data() + l * static_cast<size_t>(spec_.attention.num_heads); }
   // Block l's forward from x into dest (which must not alias x), keeping nothing: each sublayer's
@@ -260,9 +258,6 @@ class TransformerModel {
   // Where each sublayer's stretch (attention 2l, MLP 2l + 1) ended in fp32 in that step's
   // forward: its backward's temporaries go from there.
   std::vector<const float*> expanded_end_;
-  // Of that step, per stretch: its normed input was dropped when it was packed, and is restored
-  // after it is expanded (Block::restore_normed_input).
-  std::vector<char> normed_dropped_;
   PackedActivations packed_;
   struct PackedSizes {
     size_t fp32 = 0, compacted = 0, dropped = 0;

@@ -80,10 +80,12 @@ float* Norm::compute(const ParameterStore& store, Arena& arena, const float* x, 
 float* Norm::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n, float* out) {
   x_ = x;
   y_ = compute(store, arena, x, n, out, mean_, rstd_);
+  output_gone_ = false;
   return y_;
 }
 
-void Norm::recompute_output(const ParameterStore& store, int64_t n) const {
+void Norm::recompute_output(const ParameterStore& store, int64_t n) {
+  output_gone_ = false;
   switch (kind_) {
     case arch::NormKind::RmsNorm: {
       std::vector<float> scratch(unit_offset_ ? static_cast<size_t>(dim_) : 0);

@@ -53,11 +53,13 @@ class Norm {
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
   // Where the last forward wrote y, and y written again there from what that forward saved (x
   // and its statistics) and the gain as it is now: the same bits while the parameters have not
-  // changed. bf16 packing drops a pre-norm's output from its stretch, and a step without packing
-  // lets another pre-norm's output take its place (SharedNormed); the backward asks for it
-  // again (TransformerModel::expand, Block::restore_shared_normed).
+  // changed. A pre-norm's y may be gone from its place before the backward (bf16 packing drops
+  // it from its stretch; without packing the next pre-norm writes over it: SharedNormed): the
+  // sublayer's backward writes it again (Block::backward_sublayer).
   float* output() const { return y_; }
-  void recompute_output(const ParameterStore& store, int64_t n) const;
+  bool output_gone() const { return output_gone_; }
+  void mark_output_gone() { output_gone_ = true; }
+  void recompute_output(const ParameterStore& store, int64_t n);
 
  private:
   float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float* out, float*& mean,
@@ -71,6 +73,7 @@ class Norm {
   float eps_;
   const float* x_ = nullptr;
   float* y_ = nullptr;
+  bool output_gone_ = false;
   float* mean_ = nullptr;
   float* rstd_ = nullptr;
 };
