@@ -164,6 +164,26 @@ TEST_F(ModelCli, BenchNamesTheGemmIsaUnderACap) {
 
 // --peak states the step's GEMMs against the FMA peak of the width they run at and against keel's
 // gemm on a 2,048^3 product, with the step each rate would give (the rest as measured).
+TEST_F(ModelCli, BenchCountsTheKernelsKeptScratch) {
+  // The loss keeps one chunk of logits per call, rows x vocabulary floats (64 rows here: the
+  // step's tokens are fewer than a chunk): a vocabulary of 65,536 instead of 256 must add at
+  // least that many bytes to kept_scratch_mb, and no more than the process's peak grew.
+  auto bench = [&](int64_t vocab) {
+    auto r = run_keel("bench --config " + source_path("configs/tiny/qwen3.json") +
+                      " --batch 2 --seq 32 --steps 1 --warmup 1 --set vocab_size=" + std::to_string(vocab) + " --json");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto small = bench(256), large = bench(65536);
+  const double mib = 1024.0 * 1024.0;
+  const double kept_small = small["kept_scratch_mb"].get<double>(), kept_large = large["kept_scratch_mb"].get<double>();
+  EXPECT_GT(kept_small, 0.0);
+  EXPECT_LT(kept_small, small["peak_rss_mb"].get<double>());
+  const double logits_growth = 64.0 * (65536 - 256) * sizeof(float) / mib;
+  EXPECT_GE(kept_large - kept_small, logits_growth);
+  EXPECT_LE(kept_large - kept_small, large["peak_rss_mb"].get<double>() - small["peak_rss_mb"].get<double>() + 8.0);
+}
+
 TEST_F(ModelCli, BenchPeakStatesTheGemmsAgainstTheirCeilings) {
   const std::string bench = "bench --config " + source_path("configs/tiny/qwen3.json") + " --batch 2 --seq 32 --steps 1 --peak";
   auto r = run_keel(bench + " --json");

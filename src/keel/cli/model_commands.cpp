@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/core/cpu_info.hpp"
+#include "keel/core/kept_buffer.hpp"
 #include "keel/core/stage_timer.hpp"
 #include "keel/kernels/block_gemm.hpp"
 #include "keel/kernels/fma_peak.hpp"
@@ -462,6 +463,7 @@ void register_bench(CLI::App& app) {
     double tps = static_cast<double>(n) / (ms / 1000.0);
     const double ns_ms = ns_seconds * 1000.0 / static_cast<double>(o->steps);
     const double peak_rss = peak_rss_mb();  // the steps', before --peak's buffers
+    const double kept_scratch_mb = static_cast<double>(kept_scratch_bytes()) / (1024.0 * 1024.0);  // likewise
     GemmCeilings ceilings;
     if (o->peak) {
       const bool bf16_units = o->precision == "bf16" && kernels::bf16_gemm_path() == kernels::Bf16GemmPath::Native;
@@ -497,6 +499,10 @@ void register_bench(CLI::App& app) {
       out["packed_bf16_tensors_fp32_mb"] = static_cast<double>(model.packed_activation_fp32_bytes()) / (1024.0 * 1024.0);
       out["dropped_unused_activation_mb"] = static_cast<double>(model.packed_activation_dropped_bytes()) / (1024.0 * 1024.0);
       out["activation_mb"] = static_cast<double>(model.activation_capacity_bytes()) / (1024.0 * 1024.0);  // per timed step; KEEL_THREADS=fixed pins it
+      // The kernels' scratch kept from call to call on every thread (core/kept_buffer.hpp), beside
+      // the arena: the loss's logits chunk, the native bf16 path's operand words and LM head words,
+      // the GEMM and attention copies. At its largest, since these buffers only grow.
+      out["kept_scratch_mb"] = kept_scratch_mb;
       const double gemm_s = stages.seconds[static_cast<size_t>(stage_timer::Stage::Gemm)];
       out["gemm_gflops_per_s"] = gemm_s > 0 ? stages.gemm_flops / gemm_s / 1e9 : 0.0;
       out["gemm_gflop_per_step"] = stages.gemm_flops / steps / 1e9;

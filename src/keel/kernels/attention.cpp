@@ -201,8 +201,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   // Kept between calls, grown without copying: a fresh allocation each layer would be fresh
   // pages each time, whose faults cost more than the copy. Bounded by the largest V a layer has.
   // The calling thread's buffer; the team reads it through the pointer.
-  thread_local std::vector<float> vb_kept;
-  float* const vb = copy_v ? kept_buffer(vb_kept, size_t(kv_blocks * vb_floats)) : nullptr;
+  thread_local KeptBuffer<float> vb_kept;
+  float* const vb = copy_v ? vb_kept.get(size_t(kv_blocks * vb_floats)) : nullptr;
 #pragma omp parallel
   {
     if (copy_v) {
@@ -406,8 +406,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     return qa >= key_end(r) ? key_end(r) : first_key(d, qa) / kBk * kBk;  // an empty run reads nothing
   };
   const int64_t slice = T * (Dk + Dv);  // a run's dk rows then dv rows, dense
-  thread_local std::vector<float> slices_kept;  // kept between calls, as the forward's V copy
-  float* const slices = runs > 1 ? kept_buffer(slices_kept, size_t(tasks * slice)) : nullptr;
+  thread_local KeptBuffer<float> slices_kept;  // kept between calls, as the forward's V copy
+  float* const slices = runs > 1 ? slices_kept.get(size_t(tasks * slice)) : nullptr;
   // dk, dv rows t0.. of sequence b, kv head kvh += `rows` dense rows of dks (Dk wide) and dvs (Dv).
   auto add_kv_rows = [&](int64_t b, int64_t kvh, int64_t t0, int64_t rows, const float* dks, const float* dvs) {
     for (int64_t j = 0; j < rows; ++j) {
@@ -431,7 +431,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     // The key block as Kᵀ, Vᵀ and K rows, contiguous, and the chunk's Q and dO rows, kept
     // between calls (the thread's own buffer).
     std::vector<float> kt(size_t(Dk * kBk)), vt(size_t(Dv * kBk)), kc(size_t(kBk * Dk));
-    thread_local std::vector<float> chunk_kept;
+    thread_local KeptBuffer<float> chunk_kept;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t pair = task / runs, run = task % runs, b = pair / Hkv, kvh = pair % Hkv;
@@ -445,7 +445,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         const int64_t ce = std::min(qe, ca + chunk_rows), chunk_blocks = (ce - ca + kBq - 1) / kBq;
         // Block (head g of the group, query block c of the chunk): kBq rows of Q, then kBq of dO.
         const int64_t block_floats = kBq * (Dk + Dv);
-        float* const chunk = kept_buffer(chunk_kept, size_t(group * chunk_blocks * block_floats));
+        float* const chunk = chunk_kept.get(size_t(group * chunk_blocks * block_floats));
         for (int64_t g = 0; g < group; ++g)
           for (int64_t c = 0; c < chunk_blocks; ++c) {
             const int64_t q0 = ca + c * kBq, nq = std::min(kBq, T - q0), h = kvh * group + g;

@@ -330,8 +330,8 @@ void multiply_packed(const float* ap, int64_t mc, int64_t kc, const float* bp, i
 }
 
 float* packed_a_buffer() {
-  thread_local std::vector<float> packed_a;
-  return kept_buffer(packed_a, size_t(kPackRows * kPackK + kPackASlack));
+  thread_local KeptBuffer<float> packed_a;
+  return packed_a.get(size_t(kPackRows * kPackK + kPackASlack));
 }
 
 }  // namespace
@@ -342,8 +342,8 @@ void packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   if (k <= 0 || (beta != 0.f && beta != 1.f)) gemm_scale_c(m, n, beta, c, ldc);
   if (k <= 0) return;
   float* ap = packed_a_buffer();
-  thread_local std::vector<float> packed_b;
-  float* bp = kept_buffer(packed_b, size_t(kPackK * ((kPackCols + kChunk - 1) / kChunk * kChunk)));
+  thread_local KeptBuffer<float> packed_b;
+  float* bp = packed_b.get(size_t(kPackK * ((kPackCols + kChunk - 1) / kChunk * kChunk)));
   for (int64_t j0 = 0; j0 < n; j0 += kPackCols) {
     const int64_t nc = std::min(kPackCols, n - j0);
     for (int64_t p0 = 0; p0 < k; p0 += kPackK) {
@@ -364,8 +364,8 @@ bool packed_gemm_team(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   if (m <= 0 || n <= 0 || k <= 0 || k * n_padded > kPackedTeamMaxB) return false;
   // All of op(B), packed once by the team into the calling thread's buffer: for each block of
   // kPackK steps (at p0·n_padded), its slabs side by side.
-  thread_local std::vector<float> whole_b;
-  float* bp = kept_buffer(whole_b, size_t(k * n_padded));
+  thread_local KeptBuffer<float> whole_b;
+  float* bp = whole_b.get(size_t(k * n_padded));
   const int64_t k_blocks = (k + kPackK - 1) / kPackK, chunks = n_padded / kChunk;
   // Items of C: kPackRows rows by `group` columns, narrowed until there are enough to balance a
   // few threads. A function of the shape alone, like gemm's panels.

@@ -46,17 +46,17 @@ LmHeadLoss lm_head_cross_entropy(const float* h, const float* w, const int32_t* 
   // stride first (gemm.cpp's rule against cache-set aliasing; 64 MB of copies a step at vocab
   // 8,192 and 2,048 tokens) and the logits product would write rows that share cache sets.
   const int64_t ld = gemm_unaliased_stride(vocab);
-  thread_local std::vector<float> logits_buffer;
-  std::span<float> logits(kept_buffer(logits_buffer, size_t(rows * ld)), size_t(rows * ld));
+  thread_local KeptBuffer<float> logits_buffer;
+  std::span<float> logits(logits_buffer.get(size_t(rows * ld)), size_t(rows * ld));
   std::vector<double> row_ce(static_cast<size_t>(rows)), row_z(static_cast<size_t>(rows));
   // Under native bf16 every product rounds its operands to bf16 words first: the weight, which
   // each chunk reads twice (the logits and dh), is rounded once per call instead (at Qwen3-0.6B's
   // vocabulary, 1 × 1,024 tokens in 4 chunks: 7 passes over 156 M values fewer a step). The same
   // words, so the same bits.
-  thread_local std::vector<uint16_t> w_words_buffer;
+  thread_local KeptBuffer<uint16_t> w_words_buffer;
   const uint16_t* w_words = nullptr;
   if (matmul_precision() == Precision::Bf16 && bf16_gemm_path() == Bf16GemmPath::Native) {
-    uint16_t* words = kept_buffer(w_words_buffer, size_t(vocab * c));
+    uint16_t* words = w_words_buffer.get(size_t(vocab * c));
     bf16_words(w, vocab, c, c, words);
     w_words = words;
   }

@@ -326,8 +326,8 @@ void gemm_split_k(PanelKernel kernel, bool trans_a, bool trans_b, int64_t m, int
                   float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc) {
   const int64_t slice = (k + parts - 1) / parts;
-  thread_local std::vector<float> kept_partials;
-  float* partials = kept_buffer(kept_partials, size_t((parts - 1) * m * n));
+  thread_local KeptBuffer<float> kept_partials;
+  float* partials = kept_partials.get(size_t((parts - 1) * m * n));
 #pragma omp parallel
   {
 #pragma omp for schedule(dynamic, 1)
@@ -380,8 +380,8 @@ void add_bias_pass(float* c, int64_t rows, int64_t cols, int64_t ldc, const floa
 // with the operands' roles exchanged), then added to C transposed.
 void gemm_swapped(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                   int64_t ldb, float beta, float* c, int64_t ldc) {
-  thread_local std::vector<float> kept_transposed;
-  float* t = kept_buffer(kept_transposed, size_t(n * m));
+  thread_local KeptBuffer<float> kept_transposed;
+  float* t = kept_transposed.get(size_t(n * m));
   gemm_body(true, false, n, m, k, alpha, b, ldb, a, lda, 0.f, t, m, false);
   // C's rows in blocks of 64, each a 64-column strip of T transposed through a tile in L1.
   constexpr int64_t kBlock = 64;
@@ -456,7 +456,7 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     const float* ap = trans_a ? a + i0 : a + i0 * lda;  // A stored (k, m) when transposed
     const float* bp = trans_b ? b + j0 * ldb : b + j0;  // B stored (n, k) when transposed
     float* cp = c + i0 * ldc + j0;
-    thread_local std::vector<float> panel_a;
+    thread_local KeptBuffer<float> panel_a;
     if (packed) {
       // Packing copies both operands into cache-sized blocks: no stride aliases.
       packed_gemm(trans_a, trans_b, mi, nj, k, alpha, ap, lda, bp, ldb, beta, cp, ldc, round_bf16);
@@ -467,7 +467,7 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       // (docs/performance.md, "Intel Xeon, a sixth session"); A is read once to be copied, as
       // the padded copy below reads it.
       const int64_t ld = gemm_unaliased_stride(k);
-      float* transposed = kept_buffer(panel_a, size_t(mi * ld));
+      float* transposed = panel_a.get(size_t(mi * ld));
       transpose_block(ap, k, mi, lda, transposed, ld);
       backend_gemm(kernel, false, trans_b, mi, nj, k, alpha, transposed, ld, bp, ldb, beta, cp, ldc);
     } else {
@@ -478,7 +478,7 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
         // few cache sets and run at half speed (38 against 80 GFLOP/s on one Zen 3 core). Copy
         // the panel to a padded stride first; it is read once, the product reads it n/16 times.
         ap_ld = mi + 16;
-        float* padded = kept_buffer(panel_a, size_t(k * ap_ld));
+        float* padded = panel_a.get(size_t(k * ap_ld));
         for (int64_t r = 0; r < k; ++r) std::memcpy(padded + r * ap_ld, ap + r * lda, sizeof(float) * size_t(mi));
         ap = padded;
       }
@@ -505,13 +505,13 @@ void gemm_body(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       !packed && !trans_b && ldb % kGemmAliasedStride == 0 && m >= kGemmPadBMinRows && pads_aliased_b(kernel);
   // A weight gradient's B has a row per token: kept per thread up to 32 MiB, and beyond that
   // allocated for this call only, so a long-sequence step does not hold a token-sized copy.
-  thread_local std::vector<float> kept_padded_b;
-  std::vector<float> call_padded_b;
+  thread_local KeptBuffer<float> kept_padded_b;
+  KeptBuffer<float> call_padded_b;
   if (pad_b) {
     ldb = (n + 15) / 16 * 16 + 16;  // 64-byte rows, off the aliasing stride
     if (ldb % kGemmAliasedStride == 0) ldb += 16;
     const int64_t need = k * ldb;
-    b = kept_buffer(static_cast<size_t>(need) <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b, size_t(need));
+    b = (static_cast<size_t>(need) <= kGemmKeptPaddedB ? kept_padded_b : call_padded_b).get(size_t(need));
   }
   auto copy_b_rows = [&](int64_t r) {
     std::memcpy(const_cast<float*>(b) + r * ldb, b_source + r * b_source_ld, sizeof(float) * size_t(n));
@@ -578,10 +578,7 @@ class ScratchStack {
   };
   Entry push(size_t count) {
     high_water_ = std::max(high_water_, top_ + count);
-    if (top_ == 0 && buffer_.size() < high_water_) {
-      buffer_ = std::vector<T>();  // the old one goes before the new one comes
-      buffer_.resize(high_water_);
-    }
+    if (top_ == 0) buffer_.get(high_water_);  // grows only while nothing is on it
     if (top_ + count <= buffer_.size()) {
       Entry e{buffer_.data() + top_, count, false};
       top_ += count;
@@ -600,7 +597,7 @@ class ScratchStack {
   }
 
  private:
-  std::vector<T> buffer_;
+  KeptBuffer<T> buffer_;  // counted in kept_scratch_bytes
   std::vector<std::vector<T>> blocks_;
   size_t top_ = 0, high_water_ = 0;
 };
@@ -976,8 +973,8 @@ void gemm_bf16_words_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 #endif
   // Portable: B widened back to the fp32 values it holds (rounding them again changes nothing).
-  thread_local std::vector<float> b_wide;
-  float* bw = kept_buffer(b_wide, size_t(b_rows * b_cols));
+  thread_local KeptBuffer<float> b_wide;
+  float* bw = b_wide.get(size_t(b_rows * b_cols));
 #pragma omp parallel for schedule(static) if (b_rows * b_cols > 16384)
   for (int64_t r = 0; r < b_rows; ++r) unpack_bf16(b16 + r * ldb, bw + r * b_cols, b_cols);
   gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, bw, b_cols, beta, c, ldc);

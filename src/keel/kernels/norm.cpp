@@ -27,9 +27,9 @@ RowBlocks row_blocks(int64_t rows) {
 // `sums` arrays of blocks × dim partials, zeroed: the calling thread's, kept between calls, which
 // the team reads and writes through the pointer.
 double* block_partials(int sums, const RowBlocks& blocks, int64_t dim) {
-  thread_local std::vector<double> kept;
+  thread_local KeptBuffer<double> kept;
   const size_t count = size_t(sums) * size_t(blocks.count) * size_t(dim);
-  double* partial = kept_buffer(kept, count);
+  double* partial = kept.get(count);
   std::fill(partial, partial + count, 0.0);
   return partial;
 }
