@@ -30,6 +30,12 @@ void keep_as_bf16(float* x, uint16_t* kept, size_t count) {
   });
 }
 
+// x's values to the nearest bf16 in kept, x left as it is (the forward goes on reading it).
+void words_of(const float* x, uint16_t* kept, size_t count) {
+  stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
+  parallel_chunks(count, [&](size_t b, size_t e) { kernels::pack_bf16(x + b, kept + b, static_cast<int64_t>(e - b)); });
+}
+
 void expand_bf16(const uint16_t* kept, float* x, size_t count) {
   stage_timer::Scope stage_scope(stage_timer::Stage::Packing);
   parallel_chunks(count, [&](size_t b, size_t e) { kernels::unpack_bf16(kept + b, x + b, static_cast<int64_t>(e - b)); });
@@ -224,6 +230,81 @@ void Block::backward_sublayer(Sublayer& sub, ParameterStore& store, Arena& arena
   arena.release(scratch);
 }
 
+bool Block::can_run_lean() const {
+  auto pre_only = [](const Sublayer& sub) { return sub.before && !sub.after && !sub.wrap; };
+  return attention_ && attention_->splits_by_kv_head() && mlp_ && pre_only(attn_norms_) && pre_only(mlp_norms_);
+}
+
+namespace {
+// Rows of the lean block's MLP a pass: its n-row temporaries (gate, up, dh, the normed input)
+// are this many rows, whatever the step's tokens.
+constexpr int64_t kLeanRows = 256;
+
+template <class F>
+void for_row_runs(int64_t n, F&& f) {
+  for (int64_t r0 = 0; r0 < n; r0 += kLeanRows) f(r0, std::min(kLeanRows, n - r0));
+}
+}  // namespace
+
+void Block::forward_lean(ParameterStore& store, Arena& arena, const float* x, float* x1, float* out, const StepShape& s,
+                         float* max_logit, uint16_t* x_words, uint16_t* x1_words) {
+  KEEL_CHECK(can_run_lean() && x1 != x && x1 != out);
+  const int64_t n = s.tokens(), size = n * hidden_;
+  // As every block under "all": the forward reads the fp32 residual stream, the backward its
+  // copies rounded to bf16 (here the only things kept).
+  words_of(x, x_words, static_cast<size_t>(size));
+  {
+    const Arena::Mark mark = arena.mark();
+    float* xn = attn_norms_.before->forward(store, arena, x, n);
+    kernels::round_activation(xn, size);
+    attention_->forward_by_kv_head(store, arena, xn, s, max_logit, x1);
+    arena.release(mark);
+  }
+#pragma omp parallel for schedule(static) if (size > 4096)
+  for (int64_t i = 0; i < size; ++i) x1[i] += x[i];  // residual: y + x, as Sublayer's sum
+  words_of(x1, x1_words, static_cast<size_t>(size));  // likewise the MLP's input
+  for_row_runs(n, [&](int64_t r0, int64_t rows) {
+    const Arena::Mark mark = arena.mark();
+    const int64_t begin = r0 * hidden_, count = rows * hidden_;
+    float* xn = mlp_norms_.before->forward(store, arena, x1 + begin, rows);
+    kernels::round_activation(xn, count);
+    const float* y = mlp_->forward(store, arena, xn, rows);
+#pragma omp parallel for schedule(static) if (count > 4096)
+    for (int64_t i = 0; i < count; ++i) out[begin + i] = y[i] + x1[begin + i];
+    arena.release(mark);
+  });
+}
+
+void Block::backward_lean(ParameterStore& store, Arena& arena, float* grad, const StepShape& s,
+                          const uint16_t* x_words, const uint16_t* x1_words) {
+  KEEL_CHECK(can_run_lean());
+  const int64_t n = s.tokens(), size = n * hidden_;
+  // The MLP's backward, a run of rows at a time: each row's gradient depends on its own row only,
+  // and the weight gradients accumulate over the runs.
+  for_row_runs(n, [&](int64_t r0, int64_t rows) {
+    const Arena::Mark mark = arena.mark();
+    const int64_t begin = r0 * hidden_, count = rows * hidden_;
+    float* x1 = arena.alloc(static_cast<size_t>(count));
+    expand_bf16(x1_words + begin, x1, static_cast<size_t>(count));
+    float* xn = mlp_norms_.before->forward(store, arena, x1, rows);
+    kernels::round_activation(xn, count);
+    mlp_->forward_for_backward(store, arena, xn, rows);
+    float* d_in = arena.alloc(static_cast<size_t>(count));
+    mlp_->backward(store, arena, grad + begin, d_in, rows, kernels::GradWrite::Overwrite);
+    mlp_norms_.before->backward(store, d_in, grad + begin, rows);
+    arena.release(mark);
+  });
+  const Arena::Mark mark = arena.mark();
+  float* x = arena.alloc(static_cast<size_t>(size));
+  expand_bf16(x_words, x, static_cast<size_t>(size));
+  float* xn = attn_norms_.before->forward(store, arena, x, n);
+  kernels::round_activation(xn, size);
+  float* d_in = arena.alloc(static_cast<size_t>(size));
+  attention_->backward_by_kv_head(store, arena, xn, grad, d_in, s);
+  attn_norms_.before->backward(store, d_in, grad, n);
+  arena.release(mark);
+}
+
 float* Block::give_up_normed_input(bool mlp) {
   Sublayer& sub = mlp ? mlp_norms_ : attn_norms_;
   if (!sub.before) return nullptr;
@@ -409,6 +490,14 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
     return dest;
   };
   float* other = x == residual_buffers_[0] ? residual_buffers_[1] : residual_buffers_[0];
+  if (for_backward && lean_block(l)) {
+    // The block's input and the sum after its attention, kept in bf16 as the backward of "all"
+    // reads them; nothing else of the block is kept. The output goes over the input.
+    auto* words = reinterpret_cast<uint16_t*>(arena_.alloc(size));
+    block.forward_lean(store_, arena_, x, other, x, s, max_logit, words, words + size);
+    lean_words_[l] = words;
+    return x;
+  }
   if (packing_ && recompute_ == Recompute::None) {
     float* x1 = sublayer(2 * l, x, other, true, [&](const float* in) {
       return block.forward_attention(store_, arena_, in, s, max_logit);
@@ -470,6 +559,11 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
       });
 }
 
+bool TransformerModel::lean_block(size_t l) const {
+  return packing_ && recompute_ == Recompute::None && bf16_activations_ == Bf16Activations::All &&
+         l + lean_top_blocks_ >= blocks_.size() && blocks_[l]->can_run_lean();
+}
+
 bool TransformerModel::kept_inputs_bf16() const {
   return packing_ && recompute_ != Recompute::None && bf16_activations_ == Bf16Activations::All;
 }
@@ -507,6 +601,15 @@ void TransformerModel::backward_block(size_t l, float* grad, const StepShape& s)
   // The backward's own temporaries are given back after each block in every mode: only grad,
   // now the block's input gradient, travels on to the block below.
   const Arena::Mark mark = arena_.mark();
+  if (lean_block(l)) {
+    // Everything above the block's words is dead (later blocks, the loss; grad is a residual
+    // buffer below every block): the recomputation and the backward go right above them.
+    const size_t size = static_cast<size_t>(s.tokens() * spec_.hidden_size);
+    arena_.move_to(reinterpret_cast<const float*>(lean_words_[l]) + Arena::padded(size));
+    block.backward_lean(store_, arena_, grad, s, lean_words_[l], lean_words_[l] + size);
+    arena_.release(mark);
+    return;
+  }
   switch (recompute_) {
     case Recompute::None:
       if (packing_) {
@@ -626,6 +729,7 @@ float* TransformerModel::forward_hidden(const int32_t* tokens, const StepShape& 
   std::fill(max_logits_.begin(), max_logits_.end(), -std::numeric_limits<float>::infinity());
   block_inputs_.assign(blocks_.size(), nullptr);
   block_inputs_bf16_.assign(blocks_.size(), nullptr);
+  lean_words_.assign(blocks_.size(), nullptr);
   packing_ = for_backward && bf16_activations_ != Bf16Activations::Fp32 && precision_ == kernels::Precision::Bf16;
   if (packing_) packed_.start(2 * blocks_.size());  // an attention and an MLP stretch a block
   expanded_end_.assign(2 * blocks_.size(), nullptr);

@@ -75,6 +75,21 @@ class Block {
   // the arena), and the backwards write them again there as needed.
   void set_shared_normed(SharedNormed* shared) { shared_normed_ = shared; }
   bool has_pre_norm() const { return attn_norms_.before.has_value() || mlp_norms_.before.has_value(); }
+  // The lean form (TransformerModel::lean_block): a block that keeps only its input and the sum
+  // after its attention, each in bf16 words, and recomputes the rest in its backward, its
+  // attention a kv head at a time and its MLP a run of rows at a time, so no n-row temporary is
+  // wider than the hidden size. For pre-norm blocks with a dense MLP and an attention that
+  // splits_by_kv_head.
+  bool can_run_lean() const;
+  // x: the block's input (n, hidden), kept rounded to bf16 in x_words; x1 gets the sum after the
+  // attention, kept likewise in x1_words; out the block's output (out may be x, x1 must be
+  // neither). The values of forward, up to the order of fp32 sums inside the split products.
+  void forward_lean(ParameterStore& store, Arena& arena, const float* x, float* x1, float* out, const StepShape& s,
+                    float* max_logit, uint16_t* x_words, uint16_t* x1_words);
+  // grad as in backward, from forward_lean's words: everything else recomputed from them, as the
+  // backward of a packed block under "all" reads its input copies rounded.
+  void backward_lean(ParameterStore& store, Arena& arena, float* grad, const StepShape& s, const uint16_t* x_words,
+                     const uint16_t* x1_words);
   // The routed-expert FFN of an MoE layer, null for a dense one.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
@@ -145,6 +160,9 @@ class TransformerModel {
   // Tests: a step without packing gives each pre-norm's output a slot of its own in the arena, as
   // before SharedNormed (its reference twin).
   void set_share_normed_outputs(bool share) { share_normed_outputs_ = share; }
+  // How many of the top blocks a step with bf16_activations = "all" and no recomputation runs
+  // lean (Block::forward_lean; default 2); 0 runs every block packed, its reference twin.
+  void set_lean_top_blocks(size_t count) { lean_top_blocks_ = count; }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.
   void initialize(uint64_t seed);
@@ -228,6 +246,12 @@ class TransformerModel {
   // kept in bf16), the one the backward's gradient is not in: it held the last block's output,
   // dead once the final norm's backward (or the loss, without one) has read it. Null otherwise.
   float* spare_residual(const float* grad) const;
+  // Block l runs lean in this training step: one of the top lean_top_blocks_ blocks of a packed
+  // step under bf16_activations = "all" without recomputation, and a block that can. The top
+  // blocks set the step's peak: while the last one runs forward or backward every block below
+  // it is held packed, so its own temporaries sit on all of them (docs/performance.md, "bf16
+  // under half").
+  bool lean_block(size_t l) const;
   // Token embeddings (times embed_scale) plus learned positions from s.first_position.
   void embed(const int32_t* tokens, const StepShape& s, float* x) const;
   const float* lm_head_weight() const;
@@ -266,6 +290,10 @@ class TransformerModel {
   // Of the last training step without packing: the pre-norms' shared output buffer.
   SharedNormed shared_normed_;
   bool share_normed_outputs_ = true;
+  size_t lean_top_blocks_ = 2;
+  // Of the last training forward, per lean block: its input and its sum after the attention in
+  // bf16, one n × hidden run of floats holding both; where they end.
+  std::vector<uint16_t*> lean_words_;
 };
 
 // What a run on `model` is told at its start about this machine and its settings, one line each

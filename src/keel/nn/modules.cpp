@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "keel/core/error.hpp"
 #include "keel/kernels/attention.hpp"
@@ -294,6 +296,125 @@ float* Attention::forward(ParameterStore& store, Arena& arena, const float* x, c
   return output(store, arena, o_input_, n);
 }
 
+bool Attention::splits_by_kv_head() const {
+  return layout_ != arch::ProjectionLayout::Gpt2Conv1D && rope_ != nullptr && !output_gate_ && !sinks_.valid() &&
+         (!qk_norm_ || qk_norm_->per_head());
+}
+
+kernels::AttentionDims Attention::kv_head_dims(const StepShape& s) const {
+  kernels::AttentionDims d{s.batch, s.seq, heads_ / kv_heads_, 1, head_dim_, head_dim_, scale_, softcap_};
+  d.window = window_;
+  return d;
+}
+
+Attention::Inputs Attention::project_kv_head(const ParameterStore& store, Arena& arena, const float* xn,
+                                             const StepShape& s, int64_t g, const std::optional<QkNorm>& qk_norm) const {
+  // Query head h reads kv head h / group: kv head g's queries are the group heads from g·group
+  // on, rows [g·group·head_dim, ...) of q_proj (nn.Linear's (out, in) layout), one slice of
+  // contiguous rows, as k_proj's and v_proj's rows for head g are.
+  const int64_t n = s.tokens(), group = heads_ / kv_heads_, q_width = group * head_dim_;
+  const int64_t q_row = g * q_width, kv_row = g * head_dim_;
+  auto rows = [&](ParamRef w, int64_t row) { return store.data(w) + row * hidden_; };
+  auto bias = [&](ParamRef b, int64_t row) { return b.valid() ? store.data(b) + row : nullptr; };
+  Inputs in;
+  float* q_dst = arena.alloc(static_cast<size_t>(n * q_width));
+  float* k_dst = arena.alloc(static_cast<size_t>(n * head_dim_));
+  in.v = arena.alloc(static_cast<size_t>(n * head_dim_));
+  kernels::linear_forward(xn, rows(wq_, q_row), bias(bq_, q_row), q_dst, n, hidden_, q_width);
+  kernels::linear_forward(xn, rows(wk_, kv_row), bias(bk_, kv_row), k_dst, n, hidden_, head_dim_);
+  kernels::linear_forward(xn, rows(wv_, kv_row), bias(bv_, kv_row), in.v, n, hidden_, head_dim_);
+  if (qk_norm) {
+    in.q_raw = q_dst;
+    in.k_raw = k_dst;
+    const QkNorm::Saved stats = qk_norm->stats(arena, q_dst, k_dst, n);
+    in.q_rstd = stats.q_rstd;
+    in.k_rstd = stats.k_rstd;
+    in.q = arena.alloc(static_cast<size_t>(n * q_width));
+    in.k = arena.alloc(static_cast<size_t>(n * head_dim_));
+    qk_norm->normalize(store, stats, in.q, in.k, n);
+  } else {
+    in.q = q_dst;
+    in.k = k_dst;
+  }
+  // As normed_heads and round_inputs leave them: rotated, then rounded under bf16.
+  rope_at(in.q, *rope_, s, group, head_dim_);
+  rope_at(in.k, *rope_, s, 1, head_dim_);
+  kernels::round_activation(in.q, n * q_width);
+  kernels::round_activation(in.k, n * head_dim_);
+  return in;
+}
+
+void Attention::forward_by_kv_head(const ParameterStore& store, Arena& arena, const float* xn, const StepShape& s,
+                                   float* max_logit, float* y) const {
+  KEEL_CHECK(splits_by_kv_head());
+  const int64_t n = s.tokens(), group = heads_ / kv_heads_, q_width = group * head_dim_;
+  const std::optional<QkNorm> qk_norm = qk_norm_ ? std::optional<QkNorm>(qk_norm_->for_heads(group, 1)) : std::nullopt;
+  const kernels::AttentionDims d = kv_head_dims(s);
+  const kernels::SharedBf16Operand shared_x(xn, n, hidden_);  // read by every group's projections
+  for (int64_t g = 0; g < kv_heads_; ++g) {
+    const Arena::Mark mark = arena.mark();
+    const Inputs in = project_kv_head(store, arena, xn, s, g, qk_norm);
+    float* out = arena.alloc(static_cast<size_t>(n * q_width));
+    float* lse = arena.alloc(static_cast<size_t>(s.batch * group * s.seq));
+    kernels::attention_forward(in.q, in.k, in.v, out, lse, max_logit + g * group, d);
+    kernels::round_activation(out, n * q_width);
+    // o_proj over the group's columns of its weight, summed in fp32 over the groups and rounded
+    // once at the end, as the one product of forward rounds its output.
+    kernels::gemm_mixed(false, true, n, hidden_, q_width, 1.f, out, q_width, store.data(wo_) + g * q_width,
+                        heads_ * head_dim_, g == 0 ? 0.f : 1.f, y, hidden_, g == 0 ? opt(store, bo_) : nullptr);
+    arena.release(mark);
+  }
+  kernels::round_activation(y, n * hidden_);
+}
+
+void Attention::backward_by_kv_head(ParameterStore& store, Arena& arena, const float* xn, const float* dy, float* dxn,
+                                    const StepShape& s) const {
+  KEEL_CHECK(splits_by_kv_head());
+  const int64_t n = s.tokens(), group = heads_ / kv_heads_, q_width = group * head_dim_, q_out = heads_ * head_dim_;
+  const std::optional<QkNorm> qk_norm = qk_norm_ ? std::optional<QkNorm>(qk_norm_->for_heads(group, 1)) : std::nullopt;
+  const kernels::AttentionDims d = kv_head_dims(s);
+  const kernels::SharedBf16Operand shared_x(xn, n, hidden_);   // every group's weight gradients
+  const kernels::SharedBf16Operand shared_dy(dy, n, hidden_);  // every group's o_proj products
+  std::vector<float> recomputed_max(static_cast<size_t>(group));  // the forward recorded the maxima
+  auto grad_rows = [&](ParamRef w, int64_t row) { return store.grad(w) + row * hidden_; };
+  auto bias_grad = [&](ParamRef b, int64_t row) { return b.valid() ? store.grad(b) + row : nullptr; };
+  for (int64_t g = 0; g < kv_heads_; ++g) {
+    const Arena::Mark mark = arena.mark();
+    const int64_t q_row = g * q_width, kv_row = g * head_dim_;
+    const Inputs in = project_kv_head(store, arena, xn, s, g, qk_norm);
+    float* out = arena.alloc(static_cast<size_t>(n * q_width));
+    float* lse = arena.alloc(static_cast<size_t>(s.batch * group * s.seq));
+    kernels::attention_forward(in.q, in.k, in.v, out, lse, recomputed_max.data(), d);
+    kernels::round_activation(out, n * q_width);
+    // o_proj's columns of this group: their weight gradient, and ∂L/∂out; its bias once.
+    float* d_out = arena.alloc(static_cast<size_t>(n * q_width));
+    kernels::linear_backward(out, store.data(wo_) + q_row, dy, d_out, store.grad(wo_) + q_row,
+                             g == 0 ? opt_grad(store, bo_) : nullptr, n, q_width, hidden_, false, q_out,
+                             kernels::GradWrite::Overwrite);
+    float* dq = out;  // read by the kernel's first pass only, then zeroed and written (attention.hpp)
+    float* dk = arena.alloc_zeroed(static_cast<size_t>(n * head_dim_));
+    float* dv = arena.alloc_zeroed(static_cast<size_t>(n * head_dim_));
+    kernels::attention_backward(in.q, in.k, in.v, out, lse, d_out, dq, dk, dv, d);
+    kernels::rope_backward(dq, *rope_, s.batch, s.seq, group, head_dim_);
+    kernels::rope_backward(dk, *rope_, s.batch, s.seq, 1, head_dim_);
+    float* dq_proj = dq;
+    float* dk_proj = dk;
+    if (qk_norm) {
+      dq_proj = arena.alloc(static_cast<size_t>(n * q_width));
+      dk_proj = arena.alloc(static_cast<size_t>(n * head_dim_));
+      qk_norm->backward(store, {in.q_raw, in.k_raw, in.q_rstd, in.k_rstd}, dq, dk, dq_proj, dk_proj, n);
+    }
+    kernels::linear_backward_spent(xn, store.data(wq_) + q_row * hidden_, dq_proj, dxn, grad_rows(wq_, q_row),
+                                   bias_grad(bq_, q_row), n, hidden_, q_width, false, 0,
+                                   g == 0 ? kernels::GradWrite::Overwrite : kernels::GradWrite::Accumulate);
+    kernels::linear_backward_spent(xn, store.data(wk_) + kv_row * hidden_, dk_proj, dxn, grad_rows(wk_, kv_row),
+                                   bias_grad(bk_, kv_row), n, hidden_, head_dim_);
+    kernels::linear_backward_spent(xn, store.data(wv_) + kv_row * hidden_, dv, dxn, grad_rows(wv_, kv_row),
+                                   bias_grad(bv_, kv_row), n, hidden_, head_dim_);
+    arena.release(mark);
+  }
+}
+
 KvCache Attention::make_cache(int64_t max_rows) const {
   return KvCache(kv_heads_ * head_dim_, kv_heads_ * head_dim_, max_rows, window_);
 }
@@ -453,6 +574,17 @@ float* Mlp::compute(const ParameterStore& store, Arena& arena, const float* x, i
 float* Mlp::forward(ParameterStore& store, Arena& arena, const float* x, int64_t n) {
   x_ = x;
   return compute(store, arena, x, n, gate_, up_);
+}
+
+void Mlp::forward_for_backward(const ParameterStore& store, Arena& arena, const float* x, int64_t n) {
+  // compute's products, with compute's arguments: the same bits of gate and up.
+  const size_t wide = static_cast<size_t>(n * width_);
+  x_ = x;
+  up_ = arena.alloc(wide);
+  gate_ = gated_ ? arena.alloc(wide) : nullptr;
+  const kernels::SharedBf16Operand shared_x(gated_ ? x : nullptr, n, hidden_);
+  kernels::linear_forward(x, store.data(w_up_), opt(store, b_up_), up_, n, hidden_, width_, conv1d_);
+  if (gated_) kernels::linear_forward(x, store.data(w_gate_), opt(store, b_gate_), gate_, n, hidden_, width_);
 }
 
 float* Mlp::forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const {

@@ -95,6 +95,20 @@ class Attention {
 
   int64_t heads() const { return heads_; }
 
+  // One kv head and its query heads at a time, each group's q, k, v, attention output and their
+  // gradients the only n-row temporaries: the lean top blocks of a bf16 step (model.cpp,
+  // TransformerModel::lean_block), whose attention keeps nothing from forward to backward. For
+  // the projection layouts of nn.Linear, without an output gate, sinks or full-width QK-Norm.
+  bool splits_by_kv_head() const;
+  // xn: the normed input (n, hidden) as forward reads it -> y: (n, hidden), overwritten with
+  // o_proj's output (rounded under bf16 as forward's). max_logit as in forward.
+  void forward_by_kv_head(const ParameterStore& store, Arena& arena, const float* xn, const StepShape& s,
+                          float* max_logit, float* y) const;
+  // Recomputes each group's forward from xn, then its backward: dxn (n, hidden) overwritten with
+  // ∂L/∂xn for dy = ∂L/∂y; the parameter gradients accumulate.
+  void backward_by_kv_head(ParameterStore& store, Arena& arena, const float* xn, const float* dy, float* dxn,
+                           const StepShape& s) const;
+
  private:
   // The attention inputs of n tokens: q, k (after QK-Norm and RoPE), v; the pre-norm
   // projections and their rstd only with QK-Norm. With QK-Norm the training forward keeps q_raw
@@ -115,6 +129,12 @@ class Attention {
   // QK-Norm then RoPE from in's q_raw, k_raw into in.q, in.k (rounded under bf16).
   void normed_heads(const ParameterStore& store, const Inputs& in, const StepShape& s) const;
   kernels::AttentionDims dims(const StepShape& s) const;
+  // Kv head g's group: its q, k (QK-Norm, RoPE, rounded as normed_heads makes them), v, and
+  // with QK-Norm q_raw, k_raw and their statistics, from the normed input xn; qk_norm: this
+  // layer's QK-Norm over one group's heads. And the group's attention dims.
+  Inputs project_kv_head(const ParameterStore& store, Arena& arena, const float* xn, const StepShape& s, int64_t g,
+                         const std::optional<QkNorm>& qk_norm) const;
+  kernels::AttentionDims kv_head_dims(const StepShape& s) const;
   float* output(const ParameterStore& store, Arena& arena, const float* attn, int64_t n) const;
   // What o_proj reads: the attention output, times σ(gate) with the output gate. Also applies
   // the sinks to out and lse (in place) first.
@@ -150,6 +170,9 @@ class Mlp {
   void backward(ParameterStore& store, Arena& arena, const float* dy, float* dx, int64_t n,
                 kernels::GradWrite dx_write = kernels::GradWrite::Accumulate);
   float* forward_incremental(const ParameterStore& store, Arena& arena, const float* x, int64_t n) const;
+  // What backward reads, from x and nothing else: gate and up (no h, no down projection).
+  // Where forward's output is not kept (the lean top blocks of a bf16 step, model.cpp).
+  void forward_for_backward(const ParameterStore& store, Arena& arena, const float* x, int64_t n);
 
  private:
   float* compute(const ParameterStore& store, Arena& arena, const float* x, int64_t n, float*& gate, float*& up) const;

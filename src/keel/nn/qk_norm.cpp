@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "keel/core/error.hpp"
 #include "keel/kernels/norm.hpp"
 
 namespace keel::nn {
@@ -13,13 +14,22 @@ QkNorm::QkNorm(ParameterStore& store, const arch::TensorNameTable& names, int64_
       q_width_(full_width ? heads * head_dim : head_dim),
       k_width_(full_width ? kv_heads * head_dim : head_dim),
       eps_(eps),
-      unit_offset_(unit_offset) {
+      unit_offset_(unit_offset),
+      full_width_(full_width) {
   q_gain_ = store.add(names, {arch::TensorKind::QNorm, arch::TensorPart::Weight, layer}, {q_width_});
   k_gain_ = store.add(names, {arch::TensorKind::KNorm, arch::TensorPart::Weight, layer}, {k_width_});
   if (unit_offset) {
     store.set_init(q_gain_, Init::Zeros);
     store.set_init(k_gain_, Init::Zeros);
   }
+}
+
+QkNorm QkNorm::for_heads(int64_t heads, int64_t kv_heads) const {
+  KEEL_CHECK(!full_width_);  // a full-width norm's statistics span every head of a token
+  QkNorm slice = *this;
+  slice.q_rows_per_token_ = heads;
+  slice.k_rows_per_token_ = kv_heads;
+  return slice;
 }
 
 const float* QkNorm::gain(const ParameterStore& store, ParamRef r, int64_t width, float* scratch) const {

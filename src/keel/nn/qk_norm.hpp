@@ -39,12 +39,18 @@ class QkNorm {
   void backward(ParameterStore& store, const Saved& saved, const float* dq, const float* dk, float* dq_raw,
                 float* dk_raw, int64_t n) const;
 
+  // Per-head QK-Norm only (not full width): the same gains over q and k tensors of `heads` and
+  // `kv_heads` heads a token, a slice of the layer's heads (Attention::forward_by_kv_head).
+  bool per_head() const { return !full_width_; }
+  QkNorm for_heads(int64_t heads, int64_t kv_heads) const;
+
  private:
   ParamRef q_gain_, k_gain_;
   // One normalized row: a head's vector (per head) or a token's whole projection (full width).
   int64_t q_rows_per_token_, k_rows_per_token_, q_width_, k_width_;
   float eps_;
   bool unit_offset_;
+  bool full_width_;
   // The gain the kernel multiplies by: the weight, or 1 + weight written into `scratch`.
   const float* gain(const ParameterStore& store, ParamRef r, int64_t width, float* scratch) const;
 };
