@@ -184,6 +184,22 @@ TEST_F(ModelCli, BenchCountsTheKernelsKeptScratch) {
   EXPECT_LE(kept_large - kept_small, large["peak_rss_mb"].get<double>() - small["peak_rss_mb"].get<double>() + 8.0);
 }
 
+TEST_F(ModelCli, BenchSaysHowManyBlocksRanLean) {
+  // bf16 with bf16_activations = "all" and no recomputation runs the top two blocks lean; fp32,
+  // "packed" and recomputation none.
+  auto lean = [&](const std::string& args) {
+    auto r = run_keel("bench --config " + source_path("configs/tiny/qwen3.json") +
+                      " --batch 2 --seq 32 --steps 1 --warmup 0 --json " + args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out)["lean_blocks"].get<int64_t>();
+  };
+  EXPECT_EQ(lean("--precision bf16"), 2);
+  EXPECT_EQ(lean("--precision bf16 --set num_hidden_layers=1"), 1);
+  EXPECT_EQ(lean(""), 0);
+  EXPECT_EQ(lean("--precision bf16 --bf16-activations packed"), 0);
+  EXPECT_EQ(lean("--precision bf16 --recompute attention"), 0);
+}
+
 TEST_F(ModelCli, BenchPeakStatesTheGemmsAgainstTheirCeilings) {
   const std::string bench = "bench --config " + source_path("configs/tiny/qwen3.json") + " --batch 2 --seq 32 --steps 1 --peak";
   auto r = run_keel(bench + " --json");

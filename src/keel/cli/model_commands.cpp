@@ -499,6 +499,9 @@ void register_bench(CLI::App& app) {
       out["packed_bf16_tensors_fp32_mb"] = static_cast<double>(model.packed_activation_fp32_bytes()) / (1024.0 * 1024.0);
       out["dropped_unused_activation_mb"] = static_cast<double>(model.packed_activation_dropped_bytes()) / (1024.0 * 1024.0);
       out["activation_mb"] = static_cast<double>(model.activation_capacity_bytes()) / (1024.0 * 1024.0);  // per timed step; KEEL_THREADS=fixed pins it
+      // The top blocks that ran lean in the last step (bf16 "all" without recomputation: input and
+      // mid sum kept in bf16, the rest recomputed a kv head or a run of rows at a time).
+      out["lean_blocks"] = model.lean_blocks_last_step();
       // The kernels' scratch kept from call to call on every thread (core/kept_buffer.hpp), beside
       // the arena: the loss's logits chunk, the native bf16 path's operand words and LM head words,
       // the GEMM and attention copies. At its largest, since these buffers only grow.

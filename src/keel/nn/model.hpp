@@ -2,6 +2,7 @@
 // A decoder-only transformer built from a ModelSpec: embeddings, a stack of blocks (attention
 // and MLP sublayers with the configured norm placement), optional final norm, and the LM head
 // fused with the cross-entropy loss. Parameters carry their HF names.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -154,6 +155,10 @@ class TransformerModel {
   size_t packed_activation_fp32_bytes() const { return forward_packed_.fp32; }
   size_t packed_activation_compacted_bytes() const { return forward_packed_.compacted; }
   size_t packed_activation_dropped_bytes() const { return forward_packed_.dropped; }
+  // Of the last training step: how many blocks ran lean (set_lean_top_blocks).
+  int64_t lean_blocks_last_step() const {
+    return std::count_if(lean_words_.begin(), lean_words_.end(), [](const uint16_t* w) { return w != nullptr; });
+  }
   // Tests: recompute = blocks recomputes each block whole in the backward, its activations in fp32
   // slots, even under packing (the layout before the packed recomputation; its reference twin).
   void set_recompute_whole_blocks(bool whole) { recompute_whole_blocks_ = whole; }
