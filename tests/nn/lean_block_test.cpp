@@ -188,14 +188,7 @@ TwoSteps run_lean(const std::string& config, size_t lean_blocks, kernels::Precis
   }, batch, seq, overrides);
 }
 
-double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-    n += double(b[i]) * double(b[i]);
-  }
-  return std::sqrt(d / n);
-}
+using two_steps::relative_distance;
 
 // The lean blocks keep what the packed ones' backward reads under "all" (the block input and the
 // sum after the attention rounded to bf16) and recompute the rest from it, where a packed block

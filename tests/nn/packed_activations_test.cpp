@@ -337,15 +337,7 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedActivationsMatch,
                                          "tests/fixtures/olmo2/config.json", "tests/fixtures/qwen3_gate/config.json",
                                          "tests/fixtures/mla_no_q_lora/config.json"));
 
-// The relative L2 distance between two gradient vectors.
-double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-    n += double(b[i]) * double(b[i]);
-  }
-  return std::sqrt(d / n);
-}
+using two_steps::relative_distance;
 
 // bf16_activations = "all": the forward is the same computation (loss, max logits, expert loads
 // and activation RMS keep their bits); the backward reads the residual stream's copies rounded to

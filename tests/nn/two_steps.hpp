@@ -4,6 +4,7 @@
 // same bits. Two steps, since the second runs on the arena the first one sized and laid out.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -64,6 +65,16 @@ inline void expect_same_bits(const std::vector<float>& a, const std::vector<floa
   size_t differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
   EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size() << " differ";
+}
+
+// The relative L2 distance between two gradient vectors.
+inline double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    n += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(d / n);
 }
 
 // What the forwards of two runs leave: loss, max logits, expert loads and activation RMS.
