@@ -198,6 +198,8 @@ TEST_F(ModelCli, BenchSaysHowManyBlocksRanLean) {
   EXPECT_EQ(lean(""), 0);
   EXPECT_EQ(lean("--precision bf16 --bf16-activations packed"), 0);
   EXPECT_EQ(lean("--precision bf16 --recompute attention"), 0);
+  EXPECT_EQ(lean("--precision bf16 --lean-blocks 0"), 0);
+  EXPECT_EQ(lean("--precision bf16 --lean-blocks 1"), 1);
 }
 
 TEST_F(ModelCli, BenchPeakStatesTheGemmsAgainstTheirCeilings) {

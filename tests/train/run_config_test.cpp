@@ -144,5 +144,14 @@ TEST(RunConfig, Bf16ActivationsDefaultToAllAndRoundTrip) {
   EXPECT_EQ(error_field(kBase, {"run.bf16_activations=\"fp16\""}), "run.bf16_activations");
 }
 
+TEST(RunConfig, LeanBlocksDefaultToTwoAndRoundTrip) {
+  EXPECT_EQ(parse_run_config(kBase, "run.toml").lean_blocks, 2);
+  RunConfig none = parse_run_config(kBase, "run.toml", {"run.lean_blocks=0"});
+  EXPECT_EQ(none.lean_blocks, 0);
+  EXPECT_EQ(parse_run_config(to_toml(none), "again.toml").lean_blocks, 0);
+  EXPECT_EQ(error_field(kBase, {"run.lean_blocks=-1"}), "run.lean_blocks");
+  EXPECT_EQ(error_field(kBase, {"run.lean_blocks=\"two\""}), "run.lean_blocks");
+}
+
 }  // namespace
 }  // namespace keel::train

@@ -388,7 +388,7 @@ void register_bench(CLI::App& app) {
   struct Options {
     std::string config, optimizer = "adamw", precision = "fp32", recompute = "none", bf16_activations = "all";
     std::vector<std::string> sets;
-    int64_t batch = 8, seq = 256, steps = 5, warmup = 2;
+    int64_t batch = 8, seq = 256, steps = 5, warmup = 2, lean_blocks = 2;
     bool json = false, peak = false;
   };
   auto o = std::make_shared<Options>();
@@ -404,6 +404,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
       ->check(CLI::IsMember({"none", "attention", "blocks"}));
   add_bf16_activations_option(cmd, o->bf16_activations);
+  cmd->add_option("--lean-blocks", o->lean_blocks,
+                  "top blocks a bf16 \"all\" step without recomputation runs lean (run.lean_blocks; 0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->add_flag("--peak", o->peak,
                 "after the steps, measure this CPU's fp32 FMA peak (at the width the products run) and keel's gemm on "
@@ -418,6 +421,7 @@ void register_bench(CLI::App& app) {
     model.set_precision(*kernels::parse_precision(o->precision));
     model.set_recompute(*nn::parse_recompute(o->recompute));
     model.set_bf16_activations(*nn::parse_bf16_activations(o->bf16_activations));
+    model.set_lean_top_blocks(static_cast<size_t>(o->lean_blocks));
     for (const std::string& note : nn::run_start_notes(model)) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
     model.initialize(1);
     auto& store = model.parameters();

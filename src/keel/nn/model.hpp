@@ -166,7 +166,8 @@ class TransformerModel {
   // before SharedNormed (its reference twin).
   void set_share_normed_outputs(bool share) { share_normed_outputs_ = share; }
   // How many of the top blocks a step with bf16_activations = "all" and no recomputation runs
-  // lean (Block::forward_lean; default 2); 0 runs every block packed, its reference twin.
+  // lean (Block::forward_lean; run.lean_blocks, default 2); 0 runs every block packed, its
+  // reference twin.
   void set_lean_top_blocks(size_t count) { lean_top_blocks_ = count; }
 
   // normal(0, initializer_range) matrices and embeddings, ones for norm gains, zeros for biases.

@@ -38,7 +38,9 @@ namespace keel::nn {
 //           no fp32 copy of a block's output left between the blocks. Without recomputation the
 //           forward is unchanged (it reads the fp32 values); the backward reads the rounded
 //           ones, as in training with a bf16 residual stream (Megatron-LM's default,
-//           fp32_residual_connection off).
+//           fp32_residual_connection off). Without recomputation the top two blocks
+//           run lean (TransformerModel::lean_block): only their input and the sum after
+//           their attention kept, in bf16, the rest recomputed in the backward.
 //           Under recompute = attention or blocks, each block's input, which the
 //           recomputation starts from, is kept in bf16 too, and the forward reads it rounded
 //           (TransformerModel::kept_inputs_bf16), so the recomputation sees the forward's values.

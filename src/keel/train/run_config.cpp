@@ -74,6 +74,7 @@ void read_run_section(TomlSection run, RunConfig& c) {
   if (!nn::parse_bf16_activations(c.bf16_activations)) {
     run.fail("bf16_activations", "unknown bf16_activations '" + c.bf16_activations + "'; supported: packed, fp32, all");
   }
+  c.lean_blocks = run.integer_or("lean_blocks", c.lean_blocks, 0);
   run.finish();
 }
 
@@ -297,7 +298,7 @@ std::string to_toml(const RunConfig& c) {
                                   {"log_every", c.log_every},
                                   {"precision", std::string(kernels::precision_name(c.precision))},
                                   {"recompute", std::string(nn::recompute_name(c.recompute))},
-                                  {"bf16_activations", c.bf16_activations}});
+                                  {"bf16_activations", c.bf16_activations}, {"lean_blocks", c.lean_blocks}});
   toml::array sets;
   for (const auto& s : c.model_set) sets.push_back(s);
   toml::table model{{"config", c.model_config}, {"set", sets}};

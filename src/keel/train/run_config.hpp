@@ -28,6 +28,11 @@ struct RunConfig {
   // the rest in 2 bytes (gradients bit-identical to "fp32"); "fp32" keeps everything in fp32 slots
   // (nn/packed_activations.hpp, docs/precision.md).
   std::string bf16_activations = "all";
+  // Under bf16 "all" without recomputation: how many of the top blocks run lean (only their input
+  // and mid sum kept, in bf16; the rest recomputed in the backward a kv head or 256 rows at a
+  // time), so the step's peak moves below them (docs/precision.md). 0: every block packed, a few
+  // percent faster at a shallow model's depth, more memory.
+  int64_t lean_blocks = 2;
   // [model]
   std::string model_config;               // HF config.json (may carry a "keel" object); default: init_from's
   // A Hugging Face model folder (config.json, model.safetensors or shards, any float dtype) whose

@@ -52,6 +52,7 @@ std::unique_ptr<nn::TransformerModel> make_model(const arch::ModelSpec& spec, co
   model->set_precision(c.precision);  // bf16: mixed precision over fp32 master weights
   model->set_recompute(c.recompute);
   model->set_bf16_activations(*nn::parse_bf16_activations(c.bf16_activations));
+  model->set_lean_top_blocks(static_cast<size_t>(c.lean_blocks));
   const dist::Communicator* comm = dist::current();
   if (comm == nullptr || comm->is_root())
     for (const std::string& note : nn::run_start_notes(*model)) std::fprintf(stderr, "keel: note: %s\n", note.c_str());
