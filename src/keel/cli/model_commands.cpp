@@ -92,6 +92,14 @@ void add_precision_option(CLI::App* cmd, std::string& precision) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
 }
 
+// run.lean_blocks on the commands that run training steps (bench, grad).
+void add_lean_blocks_option(CLI::App* cmd, int64_t& lean_blocks) {
+  cmd->add_option("--lean-blocks", lean_blocks,
+                  "top blocks a bf16 \"all\" step without recomputation runs lean, kept in bf16 and recomputed "
+                  "(run.lean_blocks; 0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+}
+
 // run.bf16_activations on the commands that run training steps (bench, grad).
 void add_bf16_activations_option(CLI::App* cmd, std::string& storage) {
   cmd->add_option("--bf16-activations", storage,
@@ -158,17 +166,20 @@ void register_grad(CLI::App& app) {
       "grad", "Write the fp32 gradient of the training objective (mean CE + z-loss) for every parameter");
   struct Options {
     std::string model, tokens, out, precision = "fp32", bf16_activations = "all";
+    int64_t lean_blocks = 2;
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model, "model directory (config.json + model.safetensors or shards) or run folder (its newest checkpoint)")->required();
   add_precision_option(cmd, o->precision);
   add_bf16_activations_option(cmd, o->bf16_activations);
+  add_lean_blocks_option(cmd, o->lean_blocks);
   cmd->add_option("--tokens", o->tokens, "token file, one sequence per line")->required();
   cmd->add_option("--out", o->out, "safetensors file to write, tensors under the weights' names")->required();
   cmd->callback([o] {
     io::LoadedModel m = train::load_model_source(train::resolve_model_source(o->model));
     m.model->set_precision(*kernels::parse_precision(o->precision));
     m.model->set_bf16_activations(*nn::parse_bf16_activations(o->bf16_activations));
+    m.model->set_lean_top_blocks(static_cast<size_t>(o->lean_blocks));
     auto lines = read_tokens_for(*m.model, o->tokens);
     if (total_predicted(lines) == 0) throw Error(o->tokens, "", "no line has two or more tokens; nothing to predict");
     auto& store = m.model->parameters();
@@ -404,9 +415,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "activation recomputation: none, attention or blocks (run.recompute)")
       ->check(CLI::IsMember({"none", "attention", "blocks"}));
   add_bf16_activations_option(cmd, o->bf16_activations);
-  cmd->add_option("--lean-blocks", o->lean_blocks,
-                  "top blocks a bf16 \"all\" step without recomputation runs lean (run.lean_blocks; 0: none)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  add_lean_blocks_option(cmd, o->lean_blocks);
   cmd->add_flag("--json", o->json, "print {\"ms_per_step\", \"tokens_per_s\", \"peak_rss_mb\", \"precision\"} (+ \"ns_ms_per_step\", \"ns_share\" for Muon)");
   cmd->add_flag("--peak", o->peak,
                 "after the steps, measure this CPU's fp32 FMA peak (at the width the products run) and keel's gemm on "

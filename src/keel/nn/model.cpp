@@ -560,8 +560,16 @@ float* TransformerModel::forward_block(size_t l, float* x, const StepShape& s, b
 }
 
 bool TransformerModel::lean_block(size_t l) const {
-  return packing_ && recompute_ == Recompute::None && bf16_activations_ == Bf16Activations::All &&
-         l + lean_top_blocks_ >= blocks_.size() && blocks_[l]->can_run_lean();
+  if (!packing_ || recompute_ != Recompute::None || bf16_activations_ != Bf16Activations::All ||
+      l + lean_top_blocks_ < blocks_.size()) {
+    return false;
+  }
+  // Only an unbroken run of lean blocks at the top moves the peak: a block that cannot run lean
+  // above l (an MoE layer) is expanded whole on top of l's kept words anyway.
+  for (size_t k = l; k < blocks_.size(); ++k) {
+    if (!blocks_[k]->can_run_lean()) return false;
+  }
+  return true;
 }
 
 bool TransformerModel::kept_inputs_bf16() const {

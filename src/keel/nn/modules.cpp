@@ -373,8 +373,9 @@ void Attention::backward_by_kv_head(ParameterStore& store, Arena& arena, const f
   const int64_t n = s.tokens(), group = heads_ / kv_heads_, q_width = group * head_dim_, q_out = heads_ * head_dim_;
   const std::optional<QkNorm> qk_norm = qk_norm_ ? std::optional<QkNorm>(qk_norm_->for_heads(group, 1)) : std::nullopt;
   const kernels::AttentionDims d = kv_head_dims(s);
-  const kernels::SharedBf16Operand shared_x(xn, n, hidden_);   // every group's weight gradients
-  const kernels::SharedBf16Operand shared_dy(dy, n, hidden_);  // every group's o_proj products
+  // xn is read by every group's weight gradients: its bf16 words once. dy is not shared so: each
+  // group's o_proj backward makes its own (linear_backward), only as long as that call.
+  const kernels::SharedBf16Operand shared_x(xn, n, hidden_);
   std::vector<float> recomputed_max(static_cast<size_t>(group));  // the forward recorded the maxima
   auto grad_rows = [&](ParamRef w, int64_t row) { return store.grad(w) + row * hidden_; };
   auto bias_grad = [&](ParamRef b, int64_t row) { return b.valid() ? store.grad(b) + row : nullptr; };
